@@ -1,0 +1,91 @@
+//! Builds guest crates of this workspace into WebAssembly components, from a build script.
+//!
+//! Each guest is compiled with `cargo rustc --crate-type cdylib --target wasm32-wasip2 --profile
+//! guest` into a target directory of its own (so the outer build's lock is never waited on), and
+//! the build script learns the path of every `.wasm` it asked for. Nothing prebuilt is committed.
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The target every guest is built for.
+pub const TARGET: &str = "wasm32-wasip2";
+
+/// The workspace root, from the calling build script's manifest directory.
+pub fn workspace_root() -> PathBuf {
+    let manifest =
+        PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("called from a build script"));
+    manifest
+        .ancestors()
+        .find(|dir| {
+            dir.join("Cargo.lock").exists() || is_workspace_manifest(&dir.join("Cargo.toml"))
+        })
+        .expect("the crate lives in a workspace")
+        .to_path_buf()
+}
+
+fn is_workspace_manifest(path: &Path) -> bool {
+    std::fs::read_to_string(path).is_ok_and(|s| s.contains("[workspace]"))
+}
+
+/// Builds each package and returns the path of its component, in order. Panics (failing the
+/// build script, with cargo's output above) when a build fails.
+pub fn build(packages: &[&str]) -> Vec<PathBuf> {
+    let root = workspace_root();
+    for watched in ["guests", "wit", "tests/guests", "Cargo.toml", "Cargo.lock"] {
+        println!("cargo:rerun-if-changed={}", root.join(watched).display());
+    }
+    let target_dir = env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| root.join("target"), PathBuf::from)
+        .join("wasm-guests");
+    let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    packages
+        .iter()
+        .map(|package| {
+            let mut cmd = Command::new(&cargo);
+            cmd.current_dir(&root)
+                .args([
+                    "rustc",
+                    "--quiet",
+                    "--package",
+                    package,
+                    "--lib",
+                    "--crate-type",
+                    "cdylib",
+                ])
+                .args(["--target", TARGET, "--profile", "guest", "--target-dir"])
+                .arg(&target_dir);
+            // Flags meant for the outer, native build (coverage, sanitizers, clippy) must not
+            // leak into the guests.
+            for var in [
+                "RUSTFLAGS",
+                "CARGO_ENCODED_RUSTFLAGS",
+                "CARGO_BUILD_RUSTFLAGS",
+                "RUSTC_WORKSPACE_WRAPPER",
+                "CARGO_TARGET_DIR",
+                "CARGO_BUILD_TARGET",
+                "CARGO_PRIMARY_PACKAGE",
+            ] {
+                cmd.env_remove(var);
+            }
+            let status = cmd
+                .status()
+                .unwrap_or_else(|e| panic!("could not run cargo for {package}: {e}"));
+            assert!(
+                status.success(),
+                "building guest {package} for {TARGET} failed ({status}); is the target installed? \
+                 (`rustup target add {TARGET}`, which rust-toolchain.toml asks for)"
+            );
+            let wasm = target_dir
+                .join(TARGET)
+                .join("guest")
+                .join(format!("{}.wasm", package.replace('-', "_")));
+            assert!(
+                wasm.exists(),
+                "cargo built {package} but {} is missing",
+                wasm.display()
+            );
+            wasm
+        })
+        .collect()
+}

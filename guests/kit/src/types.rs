@@ -1,0 +1,191 @@
+//! Plain Rust mirrors of the WIT records, so that a guest's logic needs no bindings to be tested.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde_json::Value;
+
+/// The custom resource being rendered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resource {
+    /// For example `hanzo.ai/v1`.
+    pub api_version: String,
+    /// For example `Service`.
+    pub kind: String,
+    /// `metadata.name`.
+    pub name: String,
+    /// `metadata.namespace`.
+    pub namespace: String,
+    /// `metadata.uid` (empty when rendering offline).
+    pub uid: String,
+    /// `metadata.generation` (0 when rendering offline).
+    pub generation: i64,
+    /// `metadata.labels`.
+    pub labels: BTreeMap<String, String>,
+    /// `metadata.annotations`.
+    pub annotations: BTreeMap<String, String>,
+    /// The resource's `spec` (an empty object when absent).
+    pub spec: Value,
+}
+
+impl Resource {
+    /// A resource with the given kind, name, namespace and spec, and empty metadata otherwise.
+    pub fn new(api_version: &str, kind: &str, name: &str, namespace: &str, spec: Value) -> Self {
+        Self {
+            api_version: api_version.to_owned(),
+            kind: kind.to_owned(),
+            name: name.to_owned(),
+            namespace: namespace.to_owned(),
+            uid: String::new(),
+            generation: 0,
+            labels: BTreeMap::new(),
+            annotations: BTreeMap::new(),
+            spec,
+        }
+    }
+}
+
+/// Facts about the cluster the host runs for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Context {
+    /// The API group in force, for example `hanzo.ai`.
+    pub api_group: String,
+    /// The cluster's DNS domain, for example `cluster.local`.
+    pub cluster_domain: String,
+}
+
+impl Default for Context {
+    fn default() -> Self {
+        Self {
+            api_group: "hanzo.ai".to_owned(),
+            cluster_domain: "cluster.local".to_owned(),
+        }
+    }
+}
+
+/// Why a resource cannot be rendered: the field to blame and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenderError {
+    /// A path from the resource's root, such as `spec.ports[1].containerPort`; empty when no
+    /// single field is to blame.
+    pub field: String,
+    /// What is wrong and, where it helps, what is expected.
+    pub message: String,
+}
+
+impl RenderError {
+    /// An error blamed on `field`.
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for RenderError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.field.is_empty() {
+            f.write_str(&self.message)
+        } else {
+            write!(f, "{}: {}", self.field, self.message)
+        }
+    }
+}
+
+impl std::error::Error for RenderError {}
+
+/// The result of rendering.
+pub type Result<T, E = RenderError> = std::result::Result<T, E>;
+
+/// A group/version/kind.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct GroupVersionKind {
+    /// The API group; empty for the core group.
+    pub group: String,
+    /// The version, for example `v1`.
+    pub version: String,
+    /// The kind, for example `Deployment`.
+    pub kind: String,
+}
+
+impl GroupVersionKind {
+    /// Builds a GVK from its parts.
+    pub fn new(group: &str, version: &str, kind: &str) -> Self {
+        Self {
+            group: group.to_owned(),
+            version: version.to_owned(),
+            kind: kind.to_owned(),
+        }
+    }
+}
+
+/// An additional printer column of a Kind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrinterColumn {
+    /// Column header.
+    pub name: String,
+    /// `string`, `integer`, `number`, `boolean` or `date`.
+    pub type_: String,
+    /// JSONPath into the object, for example `.status.conditions[?(@.type=="Ready")].status`.
+    pub json_path: String,
+    /// Shown by `kubectl explain`-like tools.
+    pub description: String,
+    /// 0 shows in the default view; higher only with `-o wide`.
+    pub priority: i32,
+}
+
+impl PrinterColumn {
+    /// A column shown in the default view.
+    pub fn new(name: &str, type_: &str, json_path: &str, description: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            type_: type_.to_owned(),
+            json_path: json_path.to_owned(),
+            description: description.to_owned(),
+            priority: 0,
+        }
+    }
+}
+
+/// One Kind a plugin serves.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KindInfo {
+    /// API group.
+    pub group: String,
+    /// Served versions; the first is the storage version.
+    pub versions: Vec<String>,
+    /// The Kind.
+    pub kind: String,
+    /// Lower-case plural.
+    pub plural: String,
+    /// Short names for kubectl.
+    pub short_names: Vec<String>,
+    /// For a facade Kind, the engine it implies.
+    pub engine: Option<String>,
+    /// OpenAPI v3 schema of `spec`; see the WIT docs for `$ref` to Kubernetes types.
+    pub spec_schema: Value,
+    /// Additional printer columns.
+    pub printer_columns: Vec<PrinterColumn>,
+}
+
+/// What the host needs to know about a plugin.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PluginInfo {
+    /// Short name for logs and errors.
+    pub name: String,
+    /// The plugin's own version.
+    pub version: String,
+    /// The Kinds it serves.
+    pub kinds: Vec<KindInfo>,
+    /// Every kind `render` may return.
+    pub children: Vec<GroupVersionKind>,
+}
+
+/// What a guest implements. Both functions must be pure.
+pub trait Plugin {
+    /// Describes the plugin under `ctx` (its Kinds may live in the API group in force).
+    fn describe(ctx: &Context) -> PluginInfo;
+    /// Renders `resource` into the objects that should exist for it.
+    fn render(resource: &Resource, ctx: &Context) -> Result<Vec<Value>>;
+}

@@ -1,0 +1,273 @@
+//! The `host` command.
+//!
+//! Exit codes: 0 success; 1 a resource could not be rendered; 2 the command could not run as
+//! asked (bad flags, an unreadable file, a plugin that does not load).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::documents::{self, Format};
+use crate::error::Error;
+use crate::plugin::{Cache, Limits, Runtime, default_cache_dir};
+use crate::registry::Registry;
+use crate::types::Context;
+
+/// Runs reconcilers written as WebAssembly components.
+#[derive(Debug, Parser)]
+#[command(name = "host", version, about, propagate_version = true)]
+pub struct Cli {
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "LOG_FORMAT")]
+    pub log_format: LogFormat,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Log formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Render resources offline, with no cluster, and print the manifests.
+    Render(RenderArgs),
+    /// Print the CustomResourceDefinition of every Kind the plugins serve.
+    Crds(PluginArgs),
+}
+
+/// Which plugins to load and how to run them.
+#[derive(Debug, Clone, Args)]
+pub struct PluginArgs {
+    /// A plugin component to load after the built-in ones; it replaces them for the Kinds it
+    /// serves. Repeatable.
+    #[arg(long = "plugin", value_name = "FILE.wasm")]
+    pub plugins: Vec<PathBuf>,
+    /// Do not load the built-in plugins.
+    #[arg(long)]
+    pub no_builtins: bool,
+    /// The API group of the hanzo Kinds (and of the KMSSecrets they create, as kms.GROUP).
+    #[arg(long, default_value = "hanzo.ai", env = "API_GROUP")]
+    pub api_group: String,
+    /// The cluster's DNS domain, for addresses plugins compute.
+    #[arg(long, default_value = "cluster.local", env = "CLUSTER_DOMAIN")]
+    pub cluster_domain: String,
+    /// How long one plugin call may run, such as 1s or 500ms.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub plugin_timeout: Duration,
+    /// How much memory one plugin call may use, such as 64Mi.
+    #[arg(long, default_value = "64Mi", value_parser = parse_bytes)]
+    pub plugin_memory: usize,
+    /// How many bytes of manifests one render may return, such as 4Mi.
+    #[arg(long, default_value = "4Mi", value_parser = parse_bytes)]
+    pub plugin_output: usize,
+    /// Where compiled plugins are cached (default: $WASM_OPERATOR_CACHE/components, else
+    /// ~/.cache/wasm-operator/components).
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Compile plugins in memory and cache nothing.
+    #[arg(long)]
+    pub no_cache: bool,
+}
+
+impl PluginArgs {
+    /// The context plugins are called with.
+    pub fn context(&self) -> Context {
+        Context {
+            api_group: self.api_group.clone(),
+            cluster_domain: self.cluster_domain.clone(),
+        }
+    }
+
+    /// Sets up the runtime and loads the plugins.
+    pub fn registry(&self) -> Result<Registry, Error> {
+        let limits = Limits {
+            deadline: self.plugin_timeout,
+            memory_bytes: self.plugin_memory,
+            output_bytes: self.plugin_output,
+        };
+        let cache = if self.no_cache {
+            None
+        } else {
+            self.cache_dir
+                .clone()
+                .or_else(default_cache_dir)
+                .map(Cache::new)
+        };
+        let runtime = Runtime::new(limits, cache)?;
+        Registry::load(&runtime, self.context(), !self.no_builtins, &self.plugins)
+    }
+}
+
+/// `host render`.
+#[derive(Debug, Args)]
+pub struct RenderArgs {
+    /// Plugins and limits.
+    #[command(flatten)]
+    pub plugins: PluginArgs,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = Format::Yaml)]
+    pub output: Format,
+    /// YAML or JSON files of resources; `-` reads standard input.
+    #[arg(value_name = "FILE", required = true)]
+    pub files: Vec<String>,
+}
+
+/// Parses `500ms`, `2s`, `1m` or a number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (number, unit) = s.split_at(
+        s.find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(s.len()),
+    );
+    let n: f64 = number
+        .parse()
+        .map_err(|_| format!("`{s}` is not a duration such as 500ms, 2s or 1m"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "" | "s" => n,
+        "m" => n * 60.0,
+        _ => return Err(format!("`{s}`: unit must be ms, s or m")),
+    };
+    Duration::try_from_secs_f64(secs).map_err(|e| format!("`{s}`: {e}"))
+}
+
+/// Parses `64Mi`, `1Gi`, `512Ki`, `4MiB` or a number of bytes.
+pub fn parse_bytes(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let (number, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: usize = number
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size such as 64Mi"))?;
+    let shift = match unit.trim_end_matches('B') {
+        "" => 0,
+        "Ki" => 10,
+        "Mi" => 20,
+        "Gi" => 30,
+        _ => return Err(format!("`{s}`: unit must be Ki, Mi or Gi")),
+    };
+    n.checked_shl(shift)
+        .filter(|v| v >> shift == n)
+        .ok_or_else(|| format!("`{s}` is too large"))
+}
+
+impl Cli {
+    /// Parses the arguments and runs.
+    pub fn parse_and_run() -> ExitCode {
+        let cli = Self::parse();
+        init_logging(cli.log_format);
+        cli.run()
+    }
+
+    /// Runs the command.
+    pub fn run(self) -> ExitCode {
+        let result = match self.command {
+            Command::Render(args) => render(&args),
+            Command::Crds(args) => crds(&args),
+        };
+        match result {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(2)
+            }
+        }
+    }
+}
+
+/// Sets up tracing on stderr, filtered by `RUST_LOG` (default `warn`).
+pub fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder
+            .with_ansi(std::env::var_os("NO_COLOR").is_none())
+            .try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+/// Writes to stdout; a closed pipe (`host render x | head`) is not an error.
+fn emit(text: &str) -> Result<(), Error> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(Error::Output(e.to_string())),
+        _ => Ok(()),
+    }
+}
+
+fn render(args: &RenderArgs) -> Result<ExitCode, Error> {
+    let registry = args.plugins.registry()?;
+    let mut objects = Vec::new();
+    let mut failures = Vec::new();
+    for file in &args.files {
+        let shown = if file == "-" {
+            "<stdin>"
+        } else {
+            file.as_str()
+        };
+        let text = documents::read(file)?;
+        for doc in documents::parse(file, &text)? {
+            let label = |r: Option<&crate::types::Resource>| match r {
+                Some(r) => format!("{shown}: document {} ({}/{})", doc.index, r.kind, r.name),
+                None => format!("{shown}: document {}", doc.index),
+            };
+            match documents::resource(&doc.value) {
+                Err(e) => failures.push(format!("{}: {e}", label(None))),
+                Ok(resource) => match registry.render(&resource) {
+                    Ok(rendered) => objects.extend(rendered),
+                    Err(e) => failures.push(format!("{}: {e}", label(Some(&resource)))),
+                },
+            }
+        }
+    }
+    if !failures.is_empty() {
+        for f in &failures {
+            eprintln!("error: {f}");
+        }
+        eprintln!(
+            "{} resource(s) could not be rendered; nothing was printed",
+            failures.len()
+        );
+        return Ok(ExitCode::from(1));
+    }
+    emit(&documents::write(&objects, args.output)?)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn crds(args: &PluginArgs) -> Result<ExitCode, Error> {
+    let registry = args.registry()?;
+    let crds = crate::crd::crds(&registry)?;
+    emit(&documents::write(&crds, Format::Yaml)?)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_and_sizes() {
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_duration("1m").unwrap(), Duration::from_secs(60));
+        assert!(parse_duration("soon").is_err());
+        assert_eq!(parse_bytes("64Mi").unwrap(), 64 << 20);
+        assert_eq!(parse_bytes("4MiB").unwrap(), 4 << 20);
+        assert_eq!(parse_bytes("100").unwrap(), 100);
+        assert!(parse_bytes("1Pi").is_err());
+    }
+}

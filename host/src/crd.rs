@@ -1,0 +1,292 @@
+//! CustomResourceDefinitions from the plugins' own descriptions.
+//!
+//! A plugin describes each Kind's `spec` in OpenAPI v3 and may name Kubernetes types with
+//! `{"$ref": "#/definitions/io.k8s.api.core.v1.Volume"}`. The host inlines those from
+//! k8s-openapi's schemas for the Kubernetes version it was built for (`v1_36`), so that
+//! Kubernetes-native fields are validated exactly and never pruned. The `status` schema is the
+//! host's: it writes status, not the plugin.
+
+use k8s_openapi::api::{core::v1 as core, networking::v1 as networking};
+use k8s_openapi::apimachinery::pkg::{api::resource::Quantity, apis::meta::v1 as meta};
+use schemars::JsonSchema;
+use schemars::generate::SchemaSettings;
+use serde_json::{Map, Value, json};
+
+use crate::error::{Error, Result};
+use crate::plugin::Plugin;
+use crate::registry::Registry;
+use crate::types::KindInfo;
+
+/// The label and category every generated CRD carries.
+pub const CATEGORY: &str = "wasm-operator";
+
+fn schema_of<T: JsonSchema>() -> Value {
+    let generator = SchemaSettings::openapi3()
+        .with(|s| {
+            s.inline_subschemas = true;
+            s.meta_schema = None;
+        })
+        .into_generator();
+    let mut v = generator.into_root_schema_for::<T>().to_value();
+    if let Some(o) = v.as_object_mut() {
+        for key in ["$schema", "title", "definitions", "$defs", "components"] {
+            o.remove(key);
+        }
+    }
+    v
+}
+
+/// The schema of a Kubernetes type by its OpenAPI definition name.
+pub fn kubernetes_schema(definition: &str) -> Option<Value> {
+    macro_rules! table {
+        ($($name:literal => $ty:ty,)*) => {
+            match definition {
+                $($name => Some(schema_of::<$ty>()),)*
+                _ => None,
+            }
+        };
+    }
+    table! {
+        "io.k8s.api.core.v1.Affinity" => core::Affinity,
+        "io.k8s.api.core.v1.Container" => core::Container,
+        "io.k8s.api.core.v1.ContainerPort" => core::ContainerPort,
+        "io.k8s.api.core.v1.EnvFromSource" => core::EnvFromSource,
+        "io.k8s.api.core.v1.EnvVar" => core::EnvVar,
+        "io.k8s.api.core.v1.ExecAction" => core::ExecAction,
+        "io.k8s.api.core.v1.GRPCAction" => core::GRPCAction,
+        "io.k8s.api.core.v1.HTTPGetAction" => core::HTTPGetAction,
+        "io.k8s.api.core.v1.LocalObjectReference" => core::LocalObjectReference,
+        "io.k8s.api.core.v1.PersistentVolumeClaimSpec" => core::PersistentVolumeClaimSpec,
+        "io.k8s.api.core.v1.PodSecurityContext" => core::PodSecurityContext,
+        "io.k8s.api.core.v1.PodSpec" => core::PodSpec,
+        "io.k8s.api.core.v1.Probe" => core::Probe,
+        "io.k8s.api.core.v1.ResourceRequirements" => core::ResourceRequirements,
+        "io.k8s.api.core.v1.SecurityContext" => core::SecurityContext,
+        "io.k8s.api.core.v1.ServicePort" => core::ServicePort,
+        "io.k8s.api.core.v1.TCPSocketAction" => core::TCPSocketAction,
+        "io.k8s.api.core.v1.Toleration" => core::Toleration,
+        "io.k8s.api.core.v1.TopologySpreadConstraint" => core::TopologySpreadConstraint,
+        "io.k8s.api.core.v1.Volume" => core::Volume,
+        "io.k8s.api.core.v1.VolumeMount" => core::VolumeMount,
+        "io.k8s.api.networking.v1.NetworkPolicyPeer" => networking::NetworkPolicyPeer,
+        "io.k8s.apimachinery.pkg.api.resource.Quantity" => Quantity,
+        "io.k8s.apimachinery.pkg.apis.meta.v1.Condition" => meta::Condition,
+        "io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelector" => meta::LabelSelector,
+    }
+}
+
+/// Drops `description` everywhere below `v`: inlined Kubernetes types keep the CRD small enough
+/// for client-side `kubectl apply` (their documentation is `kubectl explain pod.spec`'s).
+fn strip_descriptions(v: &mut Value) {
+    match v {
+        Value::Object(o) => {
+            o.remove("description");
+            // A property *named* description must stay: only the schema keyword goes.
+            for (k, child) in o.iter_mut() {
+                if k == "properties" {
+                    if let Value::Object(props) = child {
+                        props.values_mut().for_each(strip_descriptions);
+                    }
+                } else {
+                    strip_descriptions(child);
+                }
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(strip_descriptions),
+        _ => {}
+    }
+}
+
+/// Replaces every `$ref` to a Kubernetes type with its schema; `Err(ref)` for an unknown one.
+pub fn inline_refs(v: &mut Value) -> std::result::Result<(), String> {
+    match v {
+        Value::Object(o) => {
+            if let Some(Value::String(r)) = o.get("$ref") {
+                let name = r
+                    .trim_start_matches("#/definitions/")
+                    .trim_start_matches("#/components/schemas/");
+                let mut schema = kubernetes_schema(name).ok_or_else(|| r.clone())?;
+                strip_descriptions(&mut schema);
+                o.remove("$ref");
+                if let Value::Object(s) = schema {
+                    for (k, val) in s {
+                        o.entry(k).or_insert(val);
+                    }
+                }
+                return Ok(());
+            }
+            o.values_mut().try_for_each(inline_refs)
+        }
+        Value::Array(a) => a.iter_mut().try_for_each(inline_refs),
+        _ => Ok(()),
+    }
+}
+
+/// The schema of `status`, which the host writes.
+pub fn status_schema() -> Value {
+    let mut condition =
+        kubernetes_schema("io.k8s.apimachinery.pkg.apis.meta.v1.Condition").unwrap_or_default();
+    strip_descriptions(&mut condition);
+    json!({
+        "type": "object",
+        "description": "Observed state, written by the operator.",
+        "properties": {
+            "observedGeneration": { "type": "integer", "format": "int64", "description": "The generation the status describes." },
+            "conditions": {
+                "type": "array",
+                "description": "Ready, Reconciling and Stalled, in the kstatus convention.",
+                "items": condition,
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["type"],
+            },
+            "children": {
+                "type": "array",
+                "description": "The objects rendered for this resource.",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "apiVersion": { "type": "string" },
+                        "kind": { "type": "string" },
+                        "name": { "type": "string" },
+                        "ready": { "type": "boolean" },
+                        "message": { "type": "string" },
+                    },
+                },
+            },
+            "skipped": {
+                "type": "array",
+                "description": "Children not applied, and why (for example, their CRD is not installed).",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "apiVersion": { "type": "string" },
+                        "kind": { "type": "string" },
+                        "name": { "type": "string" },
+                        "reason": { "type": "string" },
+                    },
+                },
+            },
+            "plugin": { "type": "string", "description": "The plugin that rendered this resource: name@version (sha256 prefix)." },
+        },
+    })
+}
+
+/// The CRD of one Kind.
+pub fn crd(plugin: &Plugin, kind: &KindInfo) -> Result<Value> {
+    let mut spec = kind.spec_schema.clone();
+    inline_refs(&mut spec).map_err(|reference| Error::UnknownSchemaRef {
+        plugin: plugin.name().to_owned(),
+        kind: kind.kind.clone(),
+        reference,
+    })?;
+    let spec_required = spec
+        .get("required")
+        .and_then(Value::as_array)
+        .is_some_and(|r| !r.is_empty());
+    let mut root = json!({
+        "type": "object",
+        "description": format!("{} is served by the {} plugin.", kind.kind, plugin.name()),
+        "properties": {
+            "apiVersion": { "type": "string" },
+            "kind": { "type": "string" },
+            "metadata": { "type": "object" },
+            "spec": spec,
+            "status": status_schema(),
+        },
+    });
+    if spec_required {
+        root["required"] = json!(["spec"]);
+    }
+    let columns: Vec<Value> = kind
+        .printer_columns
+        .iter()
+        .map(|c| {
+            let mut col = json!({ "name": c.name, "type": c.type_, "jsonPath": c.json_path });
+            if !c.description.is_empty() {
+                col["description"] = c.description.as_str().into();
+            }
+            if c.priority != 0 {
+                col["priority"] = c.priority.into();
+            }
+            col
+        })
+        .collect();
+    let versions: Vec<Value> = kind
+        .versions
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let mut version = json!({
+                "name": v,
+                "served": true,
+                "storage": i == 0,
+                "schema": { "openAPIV3Schema": root },
+                "subresources": { "status": {} },
+            });
+            if !columns.is_empty() {
+                version["additionalPrinterColumns"] = json!(columns);
+            }
+            version
+        })
+        .collect();
+    let mut names = Map::new();
+    names.insert("kind".into(), kind.kind.as_str().into());
+    names.insert("listKind".into(), format!("{}List", kind.kind).into());
+    names.insert("plural".into(), kind.plural.as_str().into());
+    names.insert("singular".into(), kind.kind.to_lowercase().into());
+    if !kind.short_names.is_empty() {
+        names.insert("shortNames".into(), json!(kind.short_names));
+    }
+    names.insert("categories".into(), json!([CATEGORY]));
+    Ok(json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": format!("{}.{}", kind.plural, kind.group),
+            "labels": { "app.kubernetes.io/managed-by": CATEGORY },
+            "annotations": { "wasm-operator.dev/plugin": format!("{}@{}", plugin.name(), plugin.info().version) },
+        },
+        "spec": {
+            "group": kind.group,
+            "names": names,
+            "scope": "Namespaced",
+            "versions": versions,
+        },
+    }))
+}
+
+/// The CRD of every Kind the registry serves, sorted by group and Kind.
+pub fn crds(registry: &Registry) -> Result<Vec<Value>> {
+    registry
+        .kinds()
+        .map(|(plugin, kind)| crd(plugin, kind))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inlines_kubernetes_types_without_refs() {
+        let mut v = json!({ "type": "array", "items": { "$ref": "#/definitions/io.k8s.api.core.v1.Volume" } });
+        inline_refs(&mut v).unwrap();
+        let text = v.to_string();
+        assert!(!text.contains("$ref"), "{text}");
+        for source in ["projected", "downwardAPI", "csi", "ephemeral", "image"] {
+            assert!(
+                v["items"]["properties"].get(source).is_some(),
+                "Volume lacks {source}"
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_refs_are_named() {
+        let mut v = json!({ "$ref": "#/definitions/io.k8s.api.core.v1.Nope" });
+        assert_eq!(
+            inline_refs(&mut v).unwrap_err(),
+            "#/definitions/io.k8s.api.core.v1.Nope"
+        );
+    }
+}

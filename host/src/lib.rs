@@ -1,0 +1,21 @@
+//! The operator host: loads one WebAssembly component per Kind and does all cluster I/O.
+//!
+//! - [`plugin`]: loading components (with a compile cache) and calling them in a sandbox;
+//! - [`registry`]: which plugin serves which Kind, and the checks every rendered object passes;
+//! - [`documents`]: reading resources from YAML or JSON files and writing manifests;
+//! - [`crd`]: CustomResourceDefinitions from the plugins' own descriptions;
+//! - [`cli`]: the `host` command.
+
+pub mod cli;
+pub mod crd;
+pub mod documents;
+pub mod error;
+pub mod plugin;
+pub mod registry;
+
+/// The plain types shared with guests (`guest-kit`).
+pub mod types {
+    pub use guest_kit::{Context, GroupVersionKind, KindInfo, PluginInfo, PrinterColumn, Resource};
+}
+
+pub use error::{Error, PluginError, Result};

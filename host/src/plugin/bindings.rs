@@ -1,0 +1,98 @@
+//! Host bindings of `wit/plugin.wit`, and conversions to the plain types.
+
+use std::collections::BTreeMap;
+
+use crate::types::{Context, GroupVersionKind, KindInfo, PluginInfo, PrinterColumn, Resource};
+
+wasmtime::component::bindgen!({
+    path: "../wit",
+    world: "plugin",
+});
+
+use self::wasm_operator::plugin::types as wit;
+
+pub(super) fn context(ctx: &Context) -> wit::Context {
+    wit::Context {
+        api_group: ctx.api_group.clone(),
+        cluster_domain: ctx.cluster_domain.clone(),
+    }
+}
+
+fn pairs(map: &BTreeMap<String, String>) -> Vec<(String, String)> {
+    map.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+pub(super) fn resource(r: &Resource) -> wit::Resource {
+    wit::Resource {
+        api_version: r.api_version.clone(),
+        kind: r.kind.clone(),
+        metadata: wit::ObjectMeta {
+            name: r.name.clone(),
+            namespace: r.namespace.clone(),
+            uid: r.uid.clone(),
+            generation: r.generation,
+            labels: pairs(&r.labels),
+            annotations: pairs(&r.annotations),
+        },
+        spec: r.spec.to_string(),
+    }
+}
+
+/// Converts and checks what `describe` returned.
+pub(super) fn plugin_info(info: wit::PluginInfo) -> Result<PluginInfo, String> {
+    if info.kinds.is_empty() {
+        return Err("describe() names no Kinds".into());
+    }
+    let kinds = info
+        .kinds
+        .into_iter()
+        .map(|k| {
+            let spec_schema = serde_json::from_str(&k.spec_schema)
+                .map_err(|e| format!("the spec schema of {} is not JSON: {e}", k.kind))?;
+            if k.versions.is_empty() {
+                return Err(format!("{} names no versions", k.kind));
+            }
+            if k.plural.is_empty() || k.plural != k.plural.to_lowercase() {
+                return Err(format!(
+                    "{}: plural `{}` must be non-empty lower case",
+                    k.kind, k.plural
+                ));
+            }
+            Ok(KindInfo {
+                group: k.group,
+                versions: k.versions,
+                kind: k.kind,
+                plural: k.plural,
+                short_names: k.short_names,
+                engine: k.engine,
+                spec_schema,
+                printer_columns: k
+                    .printer_columns
+                    .into_iter()
+                    .map(|c| PrinterColumn {
+                        name: c.name,
+                        type_: c.type_,
+                        json_path: c.json_path,
+                        description: c.description,
+                        priority: c.priority,
+                    })
+                    .collect(),
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let children = info
+        .children
+        .into_iter()
+        .map(|g| GroupVersionKind {
+            group: g.group,
+            version: g.version,
+            kind: g.kind,
+        })
+        .collect();
+    Ok(PluginInfo {
+        name: info.name,
+        version: info.version,
+        kinds,
+        children,
+    })
+}

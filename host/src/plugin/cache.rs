@@ -1,0 +1,100 @@
+//! Compiled components on disk, keyed by the wasm's sha256, the wasmtime version and the
+//! engine's compatibility hash, so that a second start does not compile again.
+
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::path::{Path, PathBuf};
+
+use wasmtime::Engine;
+use wasmtime::component::Component;
+
+/// A directory of precompiled components (`<sha256>-wasmtime<version>-<engine>.cwasm`).
+#[derive(Debug, Clone)]
+pub struct Cache {
+    dir: PathBuf,
+}
+
+/// `$WASM_OPERATOR_CACHE`, else `$XDG_CACHE_HOME/wasm-operator`, else `~/.cache/wasm-operator`,
+/// each with `components/` below it.
+pub fn default_cache_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("WASM_OPERATOR_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("wasm-operator"))
+        })
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/wasm-operator"))
+        })?;
+    Some(base.join("components"))
+}
+
+impl Cache {
+    /// A cache in `dir` (created on first write).
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self { dir: dir.into() }
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Where the compiled form of the component with this sha256 lives for `engine`.
+    pub fn path(&self, engine: &Engine, sha256: &str) -> PathBuf {
+        let mut h = DefaultHasher::new();
+        engine.precompile_compatibility_hash().hash(&mut h);
+        let version = env!("WASMTIME_VERSION");
+        self.dir.join(format!(
+            "{sha256}-wasmtime{version}-{:016x}.cwasm",
+            h.finish()
+        ))
+    }
+
+    /// Loads the compiled component, compiling and storing it first when it is not cached.
+    /// A cache that cannot be written is logged and skipped; it never fails a load.
+    pub(crate) fn load_or_compile(
+        &self,
+        engine: &Engine,
+        wasm: &[u8],
+        sha256: &str,
+    ) -> Result<Component, String> {
+        let path = self.path(engine, sha256);
+        if path.exists() {
+            // SAFETY: the file is one this host wrote with `Engine::precompile_component` for
+            // the same wasm (its sha256 is in the name) and an engine with the same
+            // compatibility hash and wasmtime version (also in the name); wasmtime checks both
+            // again while deserializing. The cache directory belongs to the operator.
+            #[allow(
+                unsafe_code,
+                reason = "loading our own precompiled component, see SAFETY"
+            )]
+            let loaded = unsafe { Component::deserialize_file(engine, &path) };
+            match loaded {
+                Ok(c) => return Ok(c),
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), "ignoring unusable cached component: {e:#}")
+                }
+            }
+        }
+        let compiled = engine
+            .precompile_component(wasm)
+            .map_err(|e| format!("{e:#}"))?;
+        if let Err(e) = write_atomically(&path, &compiled) {
+            tracing::warn!(path = %path.display(), "cannot cache the compiled component: {e}");
+        }
+        // SAFETY: `compiled` was produced just above by `precompile_component` on this engine.
+        #[allow(
+            unsafe_code,
+            reason = "loading our own precompiled component, see SAFETY"
+        )]
+        let component = unsafe { Component::deserialize(engine, &compiled) };
+        component.map_err(|e| format!("{e:#}"))
+    }
+}
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!(".{}.tmp", std::process::id()));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
+}

@@ -1,0 +1,340 @@
+//! Loading plugins and calling them in a sandbox.
+//!
+//! One [`Runtime`] holds the wasmtime engine (pooling allocator, epoch interruption), the WASI
+//! linker and the compile cache. A [`Plugin`] is one loaded component: its sha256, its
+//! pre-instantiated form, and what it said about itself in `describe`. Every call runs in a fresh
+//! store and instance ([`sandbox`]), so no state leaks from one resource to the next.
+
+mod bindings;
+mod builtin;
+mod cache;
+mod sandbox;
+
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use wasmtime::component::{Component, Linker};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+
+pub use builtin::BUILTINS;
+pub use cache::{Cache, default_cache_dir};
+
+use crate::error::{Error, PluginError, Result};
+use crate::types::{Context, KindInfo, PluginInfo};
+
+/// The WIT package every plugin is built against, and the interface it must export.
+pub const PACKAGE: &str = "wasm-operator:plugin";
+/// The major version of [`PACKAGE`] this host speaks.
+pub const PACKAGE_MAJOR: u64 = 1;
+const INTERFACE: &str = "wasm-operator:plugin/reconciler";
+
+/// How often the epoch ticks; deadlines are counted in ticks.
+const TICK: Duration = Duration::from_millis(5);
+
+/// What a plugin call may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Wall-clock time a call may take before it is stopped.
+    pub deadline: Duration,
+    /// Linear memory a call may grow to.
+    pub memory_bytes: usize,
+    /// Total bytes of manifests a render may return.
+    pub output_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            deadline: Duration::from_secs(1),
+            memory_bytes: 64 << 20,
+            output_bytes: 4 << 20,
+        }
+    }
+}
+
+/// The wasmtime engine, WASI linker and compile cache that every plugin shares.
+pub struct Runtime {
+    engine: Engine,
+    linker: Linker<sandbox::Sandbox>,
+    limits: Limits,
+    cache: Option<Cache>,
+}
+
+impl fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Runtime")
+            .field("limits", &self.limits)
+            .field("cache", &self.cache)
+            .finish()
+    }
+}
+
+impl Runtime {
+    /// A runtime with the given limits, caching compiled components in `cache` (none: compile in
+    /// memory every time).
+    pub fn new(limits: Limits, cache: Option<Cache>) -> Result<Self> {
+        let mut pool = PoolingAllocationConfig::default();
+        // Instances are made per call; these bound how many calls run at once.
+        pool.total_component_instances(256)
+            .total_core_instances(2048)
+            .total_memories(512)
+            .total_tables(2048)
+            .max_memories_per_component(8)
+            .max_tables_per_component(32)
+            .max_core_instances_per_component(64)
+            .max_memory_size(limits.memory_bytes)
+            .linear_memory_keep_resident(4 << 20)
+            .table_keep_resident(64 << 10);
+        let mut config = Config::new();
+        config
+            .epoch_interruption(true)
+            .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        let engine = Engine::new(&config).map_err(|e| Error::Engine(format!("{e:#}")))?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+            .map_err(|e| Error::Engine(format!("{e:#}")))?;
+        spawn_ticker(&engine);
+        Ok(Self {
+            engine,
+            linker,
+            limits,
+            cache,
+        })
+    }
+
+    /// The limits every call runs under.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// Loads a plugin from a file.
+    pub fn load_file(&self, path: &Path, ctx: &Context) -> Result<Plugin> {
+        let bytes = std::fs::read(path).map_err(|source| Error::ReadPlugin {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        self.load(&bytes, &path.display().to_string(), ctx)
+    }
+
+    /// Loads a plugin from its bytes; `source` names it in errors (a path, or `built-in service`).
+    pub fn load(&self, wasm: &[u8], source: &str, ctx: &Context) -> Result<Plugin> {
+        let fail = |reason: String| Error::Load {
+            plugin: source.to_owned(),
+            reason,
+        };
+        let sha256 = hex(&Sha256::digest(wasm));
+        let component = match &self.cache {
+            Some(cache) => cache.load_or_compile(&self.engine, wasm, &sha256),
+            None => Component::new(&self.engine, wasm).map_err(|e| format!("{e:#}")),
+        }
+        .map_err(|e| {
+            if wasm.starts_with(b"\0asm") {
+                fail(format!("not a valid WebAssembly component: {e}"))
+            } else {
+                fail("not a WebAssembly component (no \\0asm header)".to_owned())
+            }
+        })?;
+        check_exports(&self.engine, &component).map_err(fail)?;
+        let instance_pre = self.linker.instantiate_pre(&component).map_err(|e| {
+            fail(format!(
+                "needs imports this host does not give plugins: {e:#}"
+            ))
+        })?;
+        let pre = bindings::PluginPre::new(instance_pre)
+            .map_err(|e| fail(format!("does not match the plugin world: {e:#}")))?;
+        let mut plugin = Plugin {
+            inner: Arc::new(Inner {
+                source: source.to_owned(),
+                sha256,
+                pre,
+                engine: self.engine.clone(),
+                limits: self.limits,
+            }),
+            info: PluginInfo {
+                name: String::new(),
+                version: String::new(),
+                kinds: vec![],
+                children: vec![],
+            },
+        };
+        plugin.info = plugin.describe(ctx).map_err(|e| fail(e.to_string()))?;
+        Ok(plugin)
+    }
+}
+
+/// Increments the engine's epoch every [`TICK`] for as long as the engine lives.
+fn spawn_ticker(engine: &Engine) {
+    let weak = engine.weak();
+    std::thread::Builder::new()
+        .name("wasm-epoch".into())
+        .spawn(move || {
+            while let Some(engine) = weak.upgrade() {
+                engine.increment_epoch();
+                drop(engine);
+                std::thread::sleep(TICK);
+            }
+        })
+        .map(drop)
+        .unwrap_or_else(|e| {
+            tracing::error!("cannot start the epoch thread, plugin deadlines will not fire: {e}")
+        });
+}
+
+/// Checks that the component exports `reconciler` from a compatible version of the package.
+fn check_exports(engine: &Engine, component: &Component) -> std::result::Result<(), String> {
+    let ty = component.component_type();
+    let names: Vec<&str> = ty.exports(engine).map(|(name, _)| name).collect();
+    let ours: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|n| n.starts_with(INTERFACE))
+        .collect();
+    if ours.is_empty() {
+        return Err(format!(
+            "does not export `{INTERFACE}` (it exports: {}); build it against wit/ ({PACKAGE}@{PACKAGE_MAJOR}.x)",
+            if names.is_empty() {
+                "nothing".to_owned()
+            } else {
+                names.join(", ")
+            }
+        ));
+    }
+    for name in &ours {
+        let version = name
+            .strip_prefix(INTERFACE)
+            .and_then(|v| v.strip_prefix('@'))
+            .unwrap_or("");
+        let major = version
+            .split('.')
+            .next()
+            .and_then(|m| m.parse::<u64>().ok());
+        if major == Some(PACKAGE_MAJOR) {
+            return Ok(());
+        }
+    }
+    Err(format!(
+        "was built against {} but this host speaks {PACKAGE}@{PACKAGE_MAJOR}.x; rebuild it against this host's wit/",
+        ours.iter()
+            .map(|n| n.replace("/reconciler", ""))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+struct Inner {
+    source: String,
+    sha256: String,
+    pre: bindings::PluginPre<sandbox::Sandbox>,
+    engine: Engine,
+    limits: Limits,
+}
+
+/// A loaded plugin. Cheap to clone; calls from several threads run in separate instances.
+#[derive(Clone)]
+pub struct Plugin {
+    inner: Arc<Inner>,
+    info: PluginInfo,
+}
+
+impl fmt::Debug for Plugin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Plugin")
+            .field("name", &self.info.name)
+            .field("source", &self.inner.source)
+            .field("sha256", &self.inner.sha256)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Plugin {
+    /// What the plugin said about itself when it was loaded.
+    pub fn info(&self) -> &PluginInfo {
+        &self.info
+    }
+
+    /// The plugin's name (from `describe`).
+    pub fn name(&self) -> &str {
+        &self.info.name
+    }
+
+    /// Where the plugin was loaded from.
+    pub fn source(&self) -> &str {
+        &self.inner.source
+    }
+
+    /// The sha256 of the component's bytes.
+    pub fn sha256(&self) -> &str {
+        &self.inner.sha256
+    }
+
+    /// The Kind `kind` of group `group`, if the plugin serves it.
+    pub fn kind(&self, group: &str, kind: &str) -> Option<&KindInfo> {
+        self.info
+            .kinds
+            .iter()
+            .find(|k| k.group == group && k.kind == kind)
+    }
+
+    fn describe(&self, ctx: &Context) -> std::result::Result<PluginInfo, PluginError> {
+        let wit_ctx = bindings::context(ctx);
+        let info = sandbox::call(
+            &self.inner.pre,
+            &self.inner.engine,
+            self.inner.limits,
+            |p, store| {
+                p.wasm_operator_plugin_reconciler()
+                    .call_describe(store, &wit_ctx)
+            },
+        )?;
+        bindings::plugin_info(info).map_err(PluginError::BadDescription)
+    }
+
+    /// Renders `resource` in a fresh instance; each manifest is parsed as a JSON object.
+    pub fn render(
+        &self,
+        resource: &crate::types::Resource,
+        ctx: &Context,
+    ) -> std::result::Result<Vec<Value>, PluginError> {
+        let wit_ctx = bindings::context(ctx);
+        let wit_resource = bindings::resource(resource);
+        let limits = self.inner.limits;
+        let out = sandbox::call(&self.inner.pre, &self.inner.engine, limits, |p, store| {
+            p.wasm_operator_plugin_reconciler()
+                .call_render(store, &wit_resource, &wit_ctx)
+        })?;
+        let manifests = out.map_err(|e| PluginError::Render {
+            field: e.field,
+            message: e.message,
+        })?;
+        let total: usize = manifests.iter().map(String::len).sum();
+        if total > limits.output_bytes {
+            return Err(PluginError::OutputTooLarge {
+                bytes: total,
+                limit: limits.output_bytes,
+            });
+        }
+        manifests
+            .iter()
+            .enumerate()
+            .map(|(i, m)| match serde_json::from_str::<Value>(m) {
+                Ok(v @ Value::Object(_)) => Ok(v),
+                Ok(_) => Err(PluginError::BadManifest {
+                    index: i,
+                    reason: "not a JSON object".into(),
+                }),
+                Err(e) => Err(PluginError::BadManifest {
+                    index: i,
+                    reason: e.to_string(),
+                }),
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,357 @@
+//! Which plugin serves which Kind, and the checks every rendered object passes before anything
+//! may use it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+use crate::error::{Error, PluginError, Result};
+use crate::plugin::{BUILTINS, Plugin, Runtime};
+use crate::types::{Context, KindInfo, PluginInfo, Resource};
+
+/// Kinds that are not namespaced: a plugin may neither declare nor return them.
+const CLUSTER_SCOPED: [(&str, &str); 23] = [
+    ("", "Namespace"),
+    ("", "Node"),
+    ("", "PersistentVolume"),
+    ("", "ComponentStatus"),
+    ("rbac.authorization.k8s.io", "ClusterRole"),
+    ("rbac.authorization.k8s.io", "ClusterRoleBinding"),
+    ("apiextensions.k8s.io", "CustomResourceDefinition"),
+    ("apiregistration.k8s.io", "APIService"),
+    ("storage.k8s.io", "StorageClass"),
+    ("storage.k8s.io", "CSIDriver"),
+    ("storage.k8s.io", "CSINode"),
+    ("storage.k8s.io", "VolumeAttachment"),
+    ("scheduling.k8s.io", "PriorityClass"),
+    ("networking.k8s.io", "IngressClass"),
+    ("node.k8s.io", "RuntimeClass"),
+    ("certificates.k8s.io", "CertificateSigningRequest"),
+    (
+        "admissionregistration.k8s.io",
+        "ValidatingWebhookConfiguration",
+    ),
+    (
+        "admissionregistration.k8s.io",
+        "MutatingWebhookConfiguration",
+    ),
+    ("admissionregistration.k8s.io", "ValidatingAdmissionPolicy"),
+    (
+        "admissionregistration.k8s.io",
+        "ValidatingAdmissionPolicyBinding",
+    ),
+    ("flowcontrol.apiserver.k8s.io", "FlowSchema"),
+    ("flowcontrol.apiserver.k8s.io", "PriorityLevelConfiguration"),
+    ("cert-manager.io", "ClusterIssuer"),
+];
+
+/// Splits an apiVersion into group and version (`v1` is the core group).
+pub fn split_api_version(api_version: &str) -> (&str, &str) {
+    api_version.split_once('/').unwrap_or(("", api_version))
+}
+
+/// Why a resource could not be rendered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RenderError {
+    /// No loaded plugin serves the Kind.
+    NoPlugin {
+        /// The resource's apiVersion.
+        api_version: String,
+        /// The resource's kind.
+        kind: String,
+        /// `Kind.group` of every Kind served.
+        served: Vec<String>,
+    },
+    /// The Kind is served, but not at this version.
+    VersionNotServed {
+        /// The resource's apiVersion.
+        api_version: String,
+        /// The resource's kind.
+        kind: String,
+        /// Versions served.
+        versions: Vec<String>,
+    },
+    /// The plugin failed or its output was refused.
+    Plugin {
+        /// The plugin's name.
+        plugin: String,
+        /// What happened.
+        error: PluginError,
+    },
+}
+
+impl fmt::Display for RenderError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NoPlugin {
+                api_version,
+                kind,
+                served,
+            } => write!(
+                f,
+                "no plugin serves {kind} in {api_version} (served: {}); pass one with --plugin",
+                served.join(", ")
+            ),
+            Self::VersionNotServed {
+                api_version,
+                kind,
+                versions,
+            } => write!(
+                f,
+                "{kind} is not served at {api_version}; served versions: {}",
+                versions.join(", ")
+            ),
+            Self::Plugin { plugin, error } => write!(f, "plugin {plugin}: {error}"),
+        }
+    }
+}
+
+impl RenderError {
+    /// A short CamelCase reason, for conditions and events.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::NoPlugin { .. } | Self::VersionNotServed { .. } => "NoPlugin",
+            Self::Plugin { error, .. } => error.reason(),
+        }
+    }
+}
+
+/// The loaded plugins and the Kinds they serve.
+#[derive(Debug)]
+pub struct Registry {
+    ctx: Context,
+    plugins: Vec<Plugin>,
+    kinds: BTreeMap<(String, String), usize>,
+}
+
+impl Registry {
+    /// Loads the built-in plugins (unless `builtins` is false), then each file of `extra`. A file
+    /// plugin replaces a built-in one for the Kinds both serve; two files serving one Kind is an
+    /// error.
+    pub fn load(
+        runtime: &Runtime,
+        ctx: Context,
+        builtins: bool,
+        extra: &[PathBuf],
+    ) -> Result<Self> {
+        let mut registry = Self {
+            ctx,
+            plugins: Vec::new(),
+            kinds: BTreeMap::new(),
+        };
+        if builtins {
+            for b in BUILTINS {
+                let plugin =
+                    runtime.load(b.wasm, &format!("built-in {}", b.name), &registry.ctx)?;
+                registry.add(plugin, false)?;
+            }
+        }
+        for path in extra {
+            let plugin = runtime.load_file(path, &registry.ctx)?;
+            registry.add(plugin, true)?;
+        }
+        Ok(registry)
+    }
+
+    fn add(&mut self, plugin: Plugin, from_file: bool) -> Result<()> {
+        check_children(plugin.info()).map_err(|reason| Error::Load {
+            plugin: plugin.source().to_owned(),
+            reason,
+        })?;
+        let index = self.plugins.len();
+        for k in &plugin.info().kinds {
+            let key = (k.group.clone(), k.kind.clone());
+            if let Some(&previous) = self.kinds.get(&key) {
+                let other = &self.plugins[previous];
+                if from_file && other.source().starts_with("built-in") {
+                    tracing::info!(kind = %k.kind, group = %k.group, "plugin {} replaces {}", plugin.source(), other.source());
+                } else {
+                    return Err(Error::KindConflict {
+                        kind: format!("{}.{}", k.kind, k.group),
+                        first: other.source().to_owned(),
+                        second: plugin.source().to_owned(),
+                    });
+                }
+            }
+            self.kinds.insert(key, index);
+        }
+        self.plugins.push(plugin);
+        Ok(())
+    }
+
+    /// The context every call gets.
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// The loaded plugins, built-in first.
+    pub fn plugins(&self) -> &[Plugin] {
+        &self.plugins
+    }
+
+    /// Every Kind served, with the plugin that serves it, sorted by group and Kind.
+    pub fn kinds(&self) -> impl Iterator<Item = (&Plugin, &KindInfo)> {
+        self.kinds.iter().filter_map(|((group, kind), &i)| {
+            let plugin = &self.plugins[i];
+            plugin.kind(group, kind).map(|k| (plugin, k))
+        })
+    }
+
+    /// The plugin and Kind for an apiVersion and kind.
+    pub fn lookup(
+        &self,
+        api_version: &str,
+        kind: &str,
+    ) -> Result<(&Plugin, &KindInfo), RenderError> {
+        let (group, version) = split_api_version(api_version);
+        let plugin = self
+            .kinds
+            .get(&(group.to_owned(), kind.to_owned()))
+            .map(|&i| &self.plugins[i])
+            .ok_or_else(|| RenderError::NoPlugin {
+                api_version: api_version.to_owned(),
+                kind: kind.to_owned(),
+                served: self.kinds.keys().map(|(g, k)| format!("{k}.{g}")).collect(),
+            })?;
+        let info = plugin
+            .kind(group, kind)
+            .ok_or_else(|| RenderError::NoPlugin {
+                api_version: api_version.to_owned(),
+                kind: kind.to_owned(),
+                served: vec![],
+            })?;
+        if !info.versions.iter().any(|v| v == version) {
+            return Err(RenderError::VersionNotServed {
+                api_version: api_version.to_owned(),
+                kind: kind.to_owned(),
+                versions: info
+                    .versions
+                    .iter()
+                    .map(|v| format!("{group}/{v}"))
+                    .collect(),
+            });
+        }
+        Ok((plugin, info))
+    }
+
+    /// Renders a resource through its plugin and checks every object it returns.
+    pub fn render(&self, resource: &Resource) -> Result<Vec<Value>, RenderError> {
+        let (plugin, _) = self.lookup(&resource.api_version, &resource.kind)?;
+        let fail = |error| RenderError::Plugin {
+            plugin: plugin.name().to_owned(),
+            error,
+        };
+        let objects = plugin.render(resource, &self.ctx).map_err(fail)?;
+        check_objects(plugin.info(), resource, objects).map_err(fail)
+    }
+}
+
+fn check_children(info: &PluginInfo) -> std::result::Result<(), String> {
+    for child in &info.children {
+        if CLUSTER_SCOPED.contains(&(child.group.as_str(), child.kind.as_str())) {
+            return Err(format!(
+                "declares the cluster-scoped child kind {} ({}); plugins may only create namespaced objects",
+                child.kind,
+                if child.group.is_empty() {
+                    "core"
+                } else {
+                    &child.group
+                }
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn is_dns_subdomain(name: &str) -> bool {
+    name.len() <= 253
+        && name.split('.').all(|l| {
+            !l.is_empty()
+                && l.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+                && l.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+                && l.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        })
+}
+
+/// Checks what a plugin rendered for `resource`: every object is of a kind the plugin declared,
+/// namespaced, in the resource's namespace (filled in when absent), validly and uniquely named.
+pub fn check_objects(
+    info: &PluginInfo,
+    resource: &Resource,
+    mut objects: Vec<Value>,
+) -> Result<Vec<Value>, PluginError> {
+    let mut seen = BTreeSet::new();
+    for (i, obj) in objects.iter_mut().enumerate() {
+        let refuse = |why: String| PluginError::Guard(format!("refused object {i}: {why}"));
+        let api_version = obj
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned();
+        let kind = obj
+            .get("kind")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned();
+        if api_version.is_empty() || kind.is_empty() {
+            return Err(refuse("it has no apiVersion or kind".into()));
+        }
+        let (group, version) = split_api_version(&api_version);
+        let declared = info
+            .children
+            .iter()
+            .any(|c| c.group == group && c.version == version && c.kind == kind);
+        if !declared {
+            let list: Vec<String> = info
+                .children
+                .iter()
+                .map(|c| {
+                    format!(
+                        "{}{}/{}",
+                        c.group,
+                        if c.group.is_empty() { "" } else { "/" },
+                        c.version
+                    ) + " "
+                        + &c.kind
+                })
+                .collect();
+            return Err(refuse(format!(
+                "{kind} ({api_version}) is not a child kind the plugin declared ({})",
+                list.join(", ")
+            )));
+        }
+        if CLUSTER_SCOPED.contains(&(group, kind.as_str())) {
+            return Err(refuse(format!("{kind} is cluster-scoped")));
+        }
+        let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) else {
+            return Err(refuse(format!("{kind} has no metadata")));
+        };
+        let name = meta
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned();
+        if !is_dns_subdomain(&name) {
+            return Err(refuse(format!("{kind} has an invalid name `{name}`")));
+        }
+        match meta.get("namespace").and_then(Value::as_str) {
+            None => {
+                meta.insert("namespace".into(), resource.namespace.clone().into());
+            }
+            Some(ns) if ns == resource.namespace => {}
+            Some(ns) => {
+                return Err(refuse(format!(
+                    "{kind} {name} is in namespace `{ns}`; a plugin may only write to the resource's own namespace `{}`",
+                    resource.namespace
+                )));
+            }
+        }
+        if !seen.insert((group.to_owned(), kind.clone(), name.clone())) {
+            return Err(refuse(format!("{kind} {name} is returned twice")));
+        }
+    }
+    Ok(objects)
+}

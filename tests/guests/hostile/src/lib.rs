@@ -1,0 +1,134 @@
+//! A plugin that misbehaves on request (`spec.mode`), to prove that the host contains it.
+//!
+//! Modes: `ok` (one ConfigMap), `panic`, `loop`, `alloc` (grows memory without bound),
+//! `huge-output` (more bytes than the host accepts), `other-namespace`, `undeclared-kind`,
+//! `cluster-scoped`, `bad-name`, `error` (a typed render error), and `probe`, which reports in a
+//! ConfigMap what the sandbox let it see: environment, arguments, clock, randomness, files.
+
+use guest_kit::{
+    Context, GroupVersionKind, KindInfo, Plugin, PluginInfo, RenderError, Resource, Result,
+};
+use serde_json::{Value, json};
+
+/// The plugin.
+pub struct Hostile;
+
+guest_kit::export_plugin!(Hostile);
+
+fn config_map(resource: &Resource, name: &str, namespace: &str, data: Value) -> Value {
+    let _ = resource;
+    json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": { "name": name, "namespace": namespace },
+        "data": data,
+    })
+}
+
+fn probe() -> Value {
+    let env: Vec<String> = std::env::vars().map(|(k, v)| format!("{k}={v}")).collect();
+    let args: Vec<String> = std::env::args().collect();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs().to_string())
+        .unwrap_or_else(|e| format!("error: {e}"));
+    let instant = format!("{:?}", std::time::Instant::now().elapsed());
+    // A randomly seeded hash shows whether the random source is fixed.
+    let hash = {
+        use std::hash::{BuildHasher, RandomState};
+        RandomState::new().hash_one("probe").to_string()
+    };
+    let files = match std::fs::read_dir("/") {
+        Ok(d) => format!("readable: {} entries", d.count()),
+        Err(e) => format!("error: {e}"),
+    };
+    let etc = match std::fs::read_to_string("/etc/passwd") {
+        Ok(_) => "readable".to_owned(),
+        Err(e) => format!("error: {e}"),
+    };
+    let net = match std::net::TcpStream::connect("127.0.0.1:1") {
+        Ok(_) => "connected".to_owned(),
+        Err(e) => format!("error: {e}"),
+    };
+    json!({
+        "env": env.join(","),
+        "args": args.join(","),
+        "now": now,
+        "elapsed": instant,
+        "hash": hash,
+        "readDir": files,
+        "readFile": etc,
+        "connect": net,
+    })
+}
+
+impl Plugin for Hostile {
+    fn describe(_ctx: &Context) -> PluginInfo {
+        PluginInfo {
+            name: "hostile".into(),
+            version: "0.0.0".into(),
+            kinds: vec![KindInfo {
+                group: "test.wasm-operator.dev".into(),
+                versions: vec!["v1".into()],
+                kind: "Hostile".into(),
+                plural: "hostiles".into(),
+                short_names: vec![],
+                engine: None,
+                spec_schema: json!({ "type": "object", "properties": { "mode": { "type": "string" } } }),
+                printer_columns: vec![],
+            }],
+            children: vec![GroupVersionKind::new("", "v1", "ConfigMap")],
+        }
+    }
+
+    fn render(r: &Resource, _ctx: &Context) -> Result<Vec<Value>> {
+        let mode = r.spec.get("mode").and_then(Value::as_str).unwrap_or("ok");
+        let ns = r.namespace.as_str();
+        Ok(match mode {
+            "ok" => vec![config_map(r, &r.name, ns, json!({ "mode": "ok" }))],
+            "probe" => vec![config_map(r, &r.name, ns, probe())],
+            "panic" => panic!("hostile guest panicked on purpose"),
+            "loop" => {
+                let mut i: u64 = 0;
+                loop {
+                    i = std::hint::black_box(i.wrapping_add(1));
+                }
+            }
+            "alloc" => {
+                let mut hoard: Vec<Vec<u8>> = Vec::new();
+                loop {
+                    hoard.push(vec![1; 1 << 20]);
+                    std::hint::black_box(&hoard);
+                }
+            }
+            "huge-output" => {
+                let big = "x".repeat(1 << 20);
+                (0..40)
+                    .map(|i| config_map(r, &format!("{}-{i}", r.name), ns, json!({ "x": big })))
+                    .collect()
+            }
+            "other-namespace" => vec![config_map(r, &r.name, "kube-system", json!({}))],
+            "undeclared-kind" => vec![json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": { "name": "pwned" },
+                "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin" },
+                "subjects": [{ "kind": "Group", "name": "system:authenticated", "apiGroup": "rbac.authorization.k8s.io" }],
+            })],
+            "cluster-scoped" => vec![json!({
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": { "name": r.name },
+                "data": {},
+            })],
+            "bad-name" => vec![config_map(r, "Not_A_Valid_Name", ns, json!({}))],
+            "error" => return Err(RenderError::new("spec.mode", "was asked to fail")),
+            other => {
+                return Err(RenderError::new(
+                    "spec.mode",
+                    format!("unknown mode `{other}`"),
+                ));
+            }
+        })
+    }
+}
