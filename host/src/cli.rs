@@ -43,7 +43,7 @@ pub enum Command {
     /// Render resources offline, with no cluster, and print the manifests.
     Render(RenderArgs),
     /// Print the CustomResourceDefinition of every Kind the plugins serve.
-    Crds(PluginArgs),
+    Crds(CrdsArgs),
 }
 
 /// Which plugins to load and how to run them.
@@ -109,6 +109,17 @@ impl PluginArgs {
     }
 }
 
+/// `host crds`.
+#[derive(Debug, Args)]
+pub struct CrdsArgs {
+    /// Plugins and limits.
+    #[command(flatten)]
+    pub plugins: PluginArgs,
+    /// Write one file per CRD (`<plural>.<group>.yaml`) into this directory instead of stdout.
+    #[arg(long, value_name = "DIR")]
+    pub output_dir: Option<PathBuf>,
+}
+
 /// `host render`.
 #[derive(Debug, Args)]
 pub struct RenderArgs {
@@ -118,7 +129,7 @@ pub struct RenderArgs {
     /// Output format.
     #[arg(short, long, value_enum, default_value_t = Format::Yaml)]
     pub output: Format,
-    /// YAML or JSON files of resources; `-` reads standard input.
+    /// YAML or JSON files of resources, or directories of them; `-` reads standard input.
     #[arg(value_name = "FILE", required = true)]
     pub files: Vec<String>,
 }
@@ -213,7 +224,7 @@ fn render(args: &RenderArgs) -> Result<ExitCode, Error> {
     let registry = args.plugins.registry()?;
     let mut objects = Vec::new();
     let mut failures = Vec::new();
-    for file in &args.files {
+    for file in &documents::expand(&args.files)? {
         let shown = if file == "-" {
             "<stdin>"
         } else {
@@ -248,10 +259,20 @@ fn render(args: &RenderArgs) -> Result<ExitCode, Error> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn crds(args: &PluginArgs) -> Result<ExitCode, Error> {
-    let registry = args.registry()?;
+fn crds(args: &CrdsArgs) -> Result<ExitCode, Error> {
+    let registry = args.plugins.registry()?;
     let crds = crate::crd::crds(&registry)?;
-    emit(&documents::write(&crds, Format::Yaml)?)?;
+    match &args.output_dir {
+        None => emit(&documents::write(&crds, Format::Yaml)?)?,
+        Some(dir) => {
+            for (name, text) in crate::crd::files(&crds)? {
+                let path = dir.join(name);
+                std::fs::create_dir_all(dir)
+                    .and_then(|()| std::fs::write(&path, text))
+                    .map_err(|e| Error::Output(format!("{}: {e}", path.display())))?;
+            }
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -263,6 +263,22 @@ pub fn crds(registry: &Registry) -> Result<Vec<Value>> {
         .collect()
 }
 
+/// Each CRD as a file: (`<plural>.<group>.yaml`, its YAML), as `crds/` holds them.
+pub fn files(crds: &[Value]) -> Result<Vec<(String, String)>> {
+    crds.iter()
+        .map(|crd| {
+            let name = crd
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or("unnamed");
+            Ok((
+                format!("{name}.yaml"),
+                crate::documents::write(std::slice::from_ref(crd), crate::documents::Format::Yaml)?,
+            ))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

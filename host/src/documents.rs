@@ -17,6 +17,35 @@ pub struct Document {
     pub value: Value,
 }
 
+/// Expands the command line's inputs: a directory stands for its `.yaml`, `.yml` and `.json`
+/// files, sorted by name; `-` is standard input.
+pub fn expand(inputs: &[String]) -> Result<Vec<String>> {
+    let mut files = Vec::new();
+    for input in inputs {
+        let path = std::path::Path::new(input);
+        if input != "-" && path.is_dir() {
+            let entries = std::fs::read_dir(path).map_err(|source| Error::ReadInput {
+                path: input.clone(),
+                source,
+            })?;
+            let mut found: Vec<String> = entries
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| {
+                    p.is_file()
+                        && p.extension()
+                            .is_some_and(|x| x == "yaml" || x == "yml" || x == "json")
+                })
+                .map(|p| p.display().to_string())
+                .collect();
+            found.sort();
+            files.extend(found);
+        } else {
+            files.push(input.clone());
+        }
+    }
+    Ok(files)
+}
+
 /// Reads a file, or standard input for `-`.
 pub fn read(path: &str) -> Result<String> {
     let mut text = String::new();
@@ -60,8 +89,14 @@ pub fn parse(path: &str, text: &str) -> Result<Vec<Document>> {
             })
             .collect()
     } else {
-        serde_saphyr::from_multiple::<Value>(text)
-            .map_err(|e| fail(format!("invalid YAML: {e}")))?
+        {
+            // kubectl reads YAML 1.1: `defaultMode: 0644` is octal (420), not six hundred and
+            // forty-four. Read it the same way, or file modes would silently change.
+            let mut options = serde_saphyr::Options::default();
+            options.legacy_octal_numbers = true;
+            serde_saphyr::from_multiple_with_options::<Value>(text, options)
+                .map_err(|e| fail(format!("invalid YAML: {e}")))?
+        }
     };
     let mut docs = Vec::new();
     for (i, value) in values.into_iter().enumerate() {
@@ -192,5 +227,24 @@ pub fn write(objects: &[Value], format: Format) -> Result<String> {
             s.push('\n');
             Ok(s)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn yaml_reads_numbers_as_kubectl_does() {
+        let docs = parse(
+            "t.yaml",
+            "a: 0644\nb: 2\nc: \"0644\"\nd: 1.5\n---\ne: {m: 0400}\n",
+        )
+        .unwrap();
+        assert_eq!(
+            docs[0].value,
+            serde_json::json!({"a": 420, "b": 2, "c": "0644", "d": 1.5})
+        );
+        assert_eq!(docs[1].value, serde_json::json!({"e": {"m": 256}}));
     }
 }

@@ -3,6 +3,7 @@
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use wasmtime::Engine;
 use wasmtime::component::Component;
@@ -49,29 +50,33 @@ impl Cache {
         ))
     }
 
-    /// Loads the compiled component, compiling and storing it first when it is not cached.
-    /// A cache that cannot be written is logged and skipped; it never fails a load.
+    /// Loads the compiled component, compiling and storing it first when it is not cached; the
+    /// flag says whether it came from the cache. A cache that cannot be written is logged and
+    /// skipped; it never fails a load.
     pub(crate) fn load_or_compile(
         &self,
         engine: &Engine,
         wasm: &[u8],
         sha256: &str,
-    ) -> Result<Component, String> {
+    ) -> Result<(Component, bool), String> {
         let path = self.path(engine, sha256);
-        if path.exists() {
-            // SAFETY: the file is one this host wrote with `Engine::precompile_component` for
-            // the same wasm (its sha256 is in the name) and an engine with the same
-            // compatibility hash and wasmtime version (also in the name); wasmtime checks both
-            // again while deserializing. The cache directory belongs to the operator.
+        // Read into memory rather than map the file: a cache file replaced or truncated while
+        // the host runs must not be able to fault the process.
+        if let Ok(bytes) = std::fs::read(&path) {
+            // SAFETY: the bytes are a file this host wrote with `Engine::precompile_component`
+            // for the same wasm (its sha256 is in the name) and an engine with the same
+            // compatibility hash and wasmtime version (also in the name); wasmtime checks the
+            // header, version and engine settings again while deserializing. The cache
+            // directory belongs to the operator and is never visible to plugins.
             #[allow(
                 unsafe_code,
                 reason = "loading our own precompiled component, see SAFETY"
             )]
-            let loaded = unsafe { Component::deserialize_file(engine, &path) };
+            let loaded = unsafe { Component::deserialize(engine, &bytes) };
             match loaded {
-                Ok(c) => return Ok(c),
+                Ok(c) => return Ok((c, true)),
                 Err(e) => {
-                    tracing::warn!(path = %path.display(), "ignoring unusable cached component: {e:#}")
+                    tracing::warn!(path = %path.display(), "ignoring unusable cached component: {e:#}");
                 }
             }
         }
@@ -87,14 +92,18 @@ impl Cache {
             reason = "loading our own precompiled component, see SAFETY"
         )]
         let component = unsafe { Component::deserialize(engine, &compiled) };
-        component.map_err(|e| format!("{e:#}"))
+        component.map(|c| (c, false)).map_err(|e| format!("{e:#}"))
     }
 }
 
+/// Writes through a temporary file unique to this call, then renames, so that readers see
+/// either no file or a whole one.
 fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!(".{}.tmp", std::process::id()));
+    let unique = NEXT.fetch_add(1, Ordering::Relaxed);
+    let tmp = dir.join(format!(".{}-{unique}.tmp", std::process::id()));
     std::fs::write(&tmp, bytes)?;
     std::fs::rename(&tmp, path)
 }

@@ -127,9 +127,11 @@ impl Runtime {
             reason,
         };
         let sha256 = hex(&Sha256::digest(wasm));
-        let component = match &self.cache {
+        let (component, from_cache) = match &self.cache {
             Some(cache) => cache.load_or_compile(&self.engine, wasm, &sha256),
-            None => Component::new(&self.engine, wasm).map_err(|e| format!("{e:#}")),
+            None => Component::new(&self.engine, wasm)
+                .map(|c| (c, false))
+                .map_err(|e| format!("{e:#}")),
         }
         .map_err(|e| {
             if wasm.starts_with(b"\0asm") {
@@ -153,6 +155,7 @@ impl Runtime {
                 pre,
                 engine: self.engine.clone(),
                 limits: self.limits,
+                from_cache,
             }),
             info: PluginInfo {
                 name: String::new(),
@@ -235,6 +238,7 @@ struct Inner {
     pre: bindings::PluginPre<sandbox::Sandbox>,
     engine: Engine,
     limits: Limits,
+    from_cache: bool,
 }
 
 /// A loaded plugin. Cheap to clone; calls from several threads run in separate instances.
@@ -268,6 +272,11 @@ impl Plugin {
     /// Where the plugin was loaded from.
     pub fn source(&self) -> &str {
         &self.inner.source
+    }
+
+    /// Whether the compiled component came from the on-disk cache (no compilation at load).
+    pub fn from_cache(&self) -> bool {
+        self.inner.from_cache
     }
 
     /// The sha256 of the component's bytes.

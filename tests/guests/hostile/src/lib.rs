@@ -2,7 +2,7 @@
 //!
 //! Modes: `ok` (one ConfigMap), `panic`, `loop`, `alloc` (grows memory without bound),
 //! `huge-output` (more bytes than the host accepts), `other-namespace`, `undeclared-kind`,
-//! `cluster-scoped`, `bad-name`, `error` (a typed render error), and `probe`, which reports in a
+//! `no-namespace`, `bad-name`, `error` (a typed render error), and `probe`, which reports in a
 //! ConfigMap what the sandbox let it see: environment, arguments, clock, randomness, files.
 
 use guest_kit::{
@@ -103,7 +103,7 @@ impl Plugin for Hostile {
             }
             "huge-output" => {
                 let big = "x".repeat(1 << 20);
-                (0..40)
+                (0..8)
                     .map(|i| config_map(r, &format!("{}-{i}", r.name), ns, json!({ "x": big })))
                     .collect()
             }
@@ -115,7 +115,7 @@ impl Plugin for Hostile {
                 "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin" },
                 "subjects": [{ "kind": "Group", "name": "system:authenticated", "apiGroup": "rbac.authorization.k8s.io" }],
             })],
-            "cluster-scoped" => vec![json!({
+            "no-namespace" => vec![json!({
                 "apiVersion": "v1",
                 "kind": "ConfigMap",
                 "metadata": { "name": r.name },

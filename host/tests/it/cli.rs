@@ -1,0 +1,141 @@
+//! The `host` command as a user runs it: output, exit codes, messages.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+use crate::support::root;
+
+fn host(args: &[&str], stdin: Option<&str>) -> Output {
+    let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_host"))
+        .args(args)
+        .current_dir(root())
+        .env("WASM_OPERATOR_CACHE", cache)
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("host runs");
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
+    drop(input);
+    child.wait_with_output().unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn renders_the_examples_with_no_plugin_flag() {
+    let out = host(&["render", "examples/"], None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    for kind in ["kind: Deployment", "kind: StatefulSet", "kind: Service"] {
+        assert!(stdout.contains(kind), "{kind} missing from:\n{stdout}");
+    }
+    assert_eq!(
+        stdout.matches("\n---\n").count() + 1,
+        7,
+        "seven objects:\n{stdout}"
+    );
+}
+
+#[test]
+fn reads_stdin_and_writes_a_json_list() {
+    let yaml = std::fs::read_to_string(root().join("examples/service.yaml")).unwrap();
+    let out = host(&["render", "-o", "json", "-"], Some(&yaml));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(list["kind"], "List");
+    assert_eq!(list["items"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn a_bad_resource_exits_1_naming_file_document_resource_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("crs.yaml");
+    std::fs::write(
+        &file,
+        "apiVersion: hanzo.ai/v1\nkind: Service\nmetadata: {name: ok}\nspec: {image: {repository: x}}\n---\n\
+         apiVersion: hanzo.ai/v1\nkind: Datastore\nmetadata: {name: db}\nspec:\n  image: {repository: x}\n  storage: {size: fifty}\n",
+    )
+    .unwrap();
+    let path = file.display().to_string();
+    let out = host(&["render", &path], None);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        out.stdout.is_empty(),
+        "nothing is printed when a resource fails"
+    );
+    let stderr = text(&out.stderr);
+    let expected = format!(
+        "{path}: document 2 (Datastore/db): plugin datastore: spec.storage.size: `fifty` is not a quantity"
+    );
+    assert!(stderr.contains(&expected), "{stderr}");
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    assert_eq!(host(&[], None).status.code(), Some(2));
+    assert_eq!(host(&["render"], None).status.code(), Some(2));
+    assert_eq!(
+        host(&["render", "--frobnicate", "x.yaml"], None)
+            .status
+            .code(),
+        Some(2)
+    );
+    let out = host(&["render", "no/such/file.yaml"], None);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("cannot read no/such/file.yaml"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = host(
+        &["render", "--plugin", "examples/service.yaml", "examples/"],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("plugin examples/service.yaml: not a WebAssembly component"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn a_plugin_flag_adds_kinds() {
+    let cr = "apiVersion: test.wasm-operator.dev/v1\nkind: Hostile\nmetadata: {name: h}\nspec: {mode: ok}\n";
+    let out = host(&["render", "--plugin", test_guests::HOSTILE, "-"], Some(cr));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("kind: ConfigMap"));
+    let out = host(
+        &[
+            "render",
+            "--plugin",
+            test_guests::HOSTILE,
+            "--plugin-timeout",
+            "100ms",
+            "-",
+        ],
+        Some(&cr.replace("ok", "loop")),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("(Hostile/h): plugin hostile: ran past its deadline of 100ms"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn crds_print_for_another_group() {
+    let out = host(&["crds", "--api-group", "lux.cloud"], None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("name: services.lux.cloud"));
+    assert!(stdout.contains("name: kvclusters.storage.mydatabase.io"));
+    assert!(!stdout.contains("hanzo.ai"), "no hanzo.ai group left");
+}

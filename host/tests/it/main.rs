@@ -1,0 +1,9 @@
+//! The host's integration tests: one binary, one module per concern.
+
+mod cli;
+mod crds;
+mod errors;
+mod render;
+mod roundtrip;
+mod sandbox;
+mod support;

@@ -1,0 +1,212 @@
+//! The sandbox: a hostile plugin is contained, named, and the host keeps serving.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use host::error::{Error, PluginError};
+use host::plugin::{Cache, Limits, Runtime};
+use host::registry::{Registry, RenderError};
+use host::types::Context;
+
+use crate::support::resource;
+
+fn limits() -> Limits {
+    Limits {
+        deadline: Duration::from_millis(300),
+        ..Limits::default()
+    }
+}
+
+fn hostile_registry() -> Registry {
+    let runtime = Runtime::new(limits(), Some(crate::support::cache())).unwrap();
+    Registry::load(
+        &runtime,
+        Context::default(),
+        true,
+        &[PathBuf::from(test_guests::HOSTILE)],
+    )
+    .unwrap()
+}
+
+fn hostile(mode: &str) -> Result<Vec<serde_json::Value>, RenderError> {
+    use std::sync::OnceLock;
+    static REGISTRY: OnceLock<Registry> = OnceLock::new();
+    let r = resource(&format!(
+        "apiVersion: test.wasm-operator.dev/v1\nkind: Hostile\nmetadata: {{name: h, namespace: ns}}\nspec: {{mode: {mode}}}\n"
+    ));
+    REGISTRY.get_or_init(hostile_registry).render(&r)
+}
+
+fn plugin_error(mode: &str) -> PluginError {
+    match hostile(mode) {
+        Err(RenderError::Plugin { plugin, error }) => {
+            assert_eq!(plugin, "hostile");
+            error
+        }
+        other => panic!("mode {mode}: expected a plugin error, got {other:?}"),
+    }
+}
+
+#[test]
+fn the_sandbox_gives_no_environment_files_network_clock_or_entropy() {
+    let first = hostile("probe").unwrap();
+    let data = &first[0]["data"];
+    assert_eq!(data["env"], "", "environment leaked: {data}");
+    assert_eq!(data["args"], "", "arguments leaked: {data}");
+    assert_eq!(data["now"], "0", "the wall clock is not fixed: {data}");
+    assert!(
+        data["readDir"].as_str().unwrap().starts_with("error"),
+        "{data}"
+    );
+    assert!(
+        data["readFile"].as_str().unwrap().starts_with("error"),
+        "{data}"
+    );
+    assert!(
+        data["connect"].as_str().unwrap().starts_with("error"),
+        "{data}"
+    );
+    // Randomness is fixed: a randomly seeded hasher gives the same hash every call.
+    let second = hostile("probe").unwrap();
+    assert_eq!(first, second);
+}
+
+#[test]
+fn a_panic_is_reported_with_its_message() {
+    let e = plugin_error("panic");
+    assert!(matches!(e, PluginError::Panic(_)), "{e:?}");
+    assert!(
+        e.to_string().contains("hostile guest panicked on purpose"),
+        "{e}"
+    );
+    assert_eq!(e.reason(), "PluginTrapped");
+    assert!(
+        hostile("ok").is_ok(),
+        "the host keeps serving after a panic"
+    );
+}
+
+#[test]
+fn an_endless_loop_hits_the_deadline() {
+    let start = Instant::now();
+    let e = plugin_error("loop");
+    let took = start.elapsed();
+    assert_eq!(e, PluginError::Deadline(Duration::from_millis(300)));
+    assert!(took < Duration::from_secs(3), "stopped after {took:?}");
+    assert!(
+        hostile("ok").is_ok(),
+        "the host keeps serving after a timeout"
+    );
+}
+
+#[test]
+fn unbounded_allocation_hits_the_memory_cap() {
+    let e = plugin_error("alloc");
+    assert!(
+        matches!(e, PluginError::Memory { limit, .. } if limit == 64 << 20),
+        "{e:?}"
+    );
+    assert!(hostile("ok").is_ok());
+}
+
+#[test]
+fn too_much_output_is_refused() {
+    let e = plugin_error("huge-output");
+    assert!(
+        matches!(e, PluginError::OutputTooLarge { limit, .. } if limit == 4 << 20),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn objects_outside_the_resource_are_refused() {
+    let e = plugin_error("other-namespace");
+    assert!(e.to_string().contains("namespace `kube-system`"), "{e}");
+    let e = plugin_error("undeclared-kind");
+    assert!(
+        e.to_string()
+            .contains("ClusterRoleBinding (rbac.authorization.k8s.io/v1) is not a child kind"),
+        "{e}"
+    );
+    let e = plugin_error("bad-name");
+    assert!(e.to_string().contains("invalid name"), "{e}");
+    assert_eq!(e.reason(), "ChildRefused");
+    // An object with no namespace is put in the resource's.
+    let out = hostile("no-namespace").unwrap();
+    assert_eq!(out[0]["metadata"]["namespace"], "ns");
+}
+
+#[test]
+fn a_typed_error_names_the_field() {
+    let e = plugin_error("error");
+    assert_eq!(e.to_string(), "spec.mode: was asked to fail");
+}
+
+fn load_error(bytes: &[u8], name: &str) -> String {
+    let runtime = Runtime::new(limits(), None).unwrap();
+    match runtime.load(bytes, name, &Context::default()) {
+        Err(e @ Error::Load { .. }) => e.to_string(),
+        other => panic!("expected a load error, got {other:?}"),
+    }
+}
+
+#[test]
+fn incompatible_components_are_refused_by_name() {
+    let bytes = std::fs::read(test_guests::INCOMPATIBLE).unwrap();
+    let e = load_error(&bytes, "future.wasm");
+    assert!(e.starts_with("plugin future.wasm: "), "{e}");
+    assert!(
+        e.contains("wasm-operator:plugin@2.0.0") && e.contains("1.x"),
+        "{e}"
+    );
+
+    // The smallest valid component: it exports nothing.
+    let e = load_error(b"\0asm\x0d\x00\x01\x00", "empty.wasm");
+    assert!(
+        e.contains("does not export `wasm-operator:plugin/reconciler`"),
+        "{e}"
+    );
+
+    let e = load_error(b"apiVersion: v1\n", "cr.yaml");
+    assert!(e.contains("not a WebAssembly component"), "{e}");
+
+    let e = load_error(b"\0asm\x01\x00\x00\x00", "module.wasm");
+    assert!(e.contains("not a valid WebAssembly component"), "{e}");
+}
+
+#[test]
+fn a_second_start_loads_from_the_compile_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = std::fs::read(test_guests::HOSTILE).unwrap();
+    let load = || {
+        let runtime = Runtime::new(limits(), Some(Cache::new(dir.path()))).unwrap();
+        runtime
+            .load(&wasm, "hostile.wasm", &Context::default())
+            .unwrap()
+    };
+    let first = load();
+    assert!(!first.from_cache());
+    let cached: Vec<PathBuf> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(cached.len(), 1, "{cached:?}");
+    let file = cached[0]
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    assert!(
+        file.starts_with(first.sha256()) && file.contains("wasmtime48."),
+        "{file}"
+    );
+    let second = load();
+    assert!(second.from_cache());
+
+    // A damaged cache entry is ignored and replaced, never trusted.
+    std::fs::write(&cached[0], b"garbage").unwrap();
+    let third = load();
+    assert!(!third.from_cache());
+    assert!(std::fs::metadata(&cached[0]).unwrap().len() > 1000);
+    let _ = Path::new("");
+}

@@ -1,0 +1,74 @@
+//! Shared fixtures: one registry of the built-in plugins for every test, and the test data.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use host::documents;
+use host::plugin::{Cache, Limits, Runtime};
+use host::registry::Registry;
+use host::types::{Context, Resource};
+use serde_json::Value;
+
+/// The repository root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("host/ has a parent")
+        .to_path_buf()
+}
+
+/// A compile cache private to the test run.
+pub fn cache() -> Cache {
+    Cache::new(Path::new(env!("CARGO_TARGET_TMPDIR")).join("component-cache"))
+}
+
+/// The built-in plugins under the default context, loaded once.
+pub fn registry() -> &'static Registry {
+    static REGISTRY: OnceLock<Registry> = OnceLock::new();
+    REGISTRY.get_or_init(|| {
+        let runtime = Runtime::new(Limits::default(), Some(cache())).expect("runtime");
+        Registry::load(&runtime, Context::default(), true, &[]).expect("built-in plugins load")
+    })
+}
+
+/// The fixture files of `tests/data`.
+pub fn fixtures() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(root().join("tests/data"))
+        .expect("tests/data")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// The resources of a fixture file.
+pub fn resources(path: &Path) -> Vec<Resource> {
+    let text = std::fs::read_to_string(path).expect("fixture");
+    documents::parse(&path.display().to_string(), &text)
+        .expect("fixture parses")
+        .iter()
+        .map(|d| documents::resource(&d.value).expect("fixture is a resource"))
+        .collect()
+}
+
+/// A resource from inline YAML.
+pub fn resource(yaml: &str) -> Resource {
+    let docs = documents::parse("inline.yaml", yaml).expect("inline YAML parses");
+    documents::resource(&docs[0].value).expect("inline YAML is a resource")
+}
+
+/// Renders through the registry (the wasm path, with the host's checks).
+pub fn render(resource: &Resource) -> Vec<Value> {
+    registry()
+        .render(resource)
+        .unwrap_or_else(|e| panic!("{}/{}: {e}", resource.kind, resource.name))
+}
+
+/// The first object of a kind.
+pub fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} among {} objects", objects.len()))
+}
