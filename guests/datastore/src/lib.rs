@@ -171,6 +171,8 @@ pub const DEFAULT_BACKUP_IMAGE: &str = "minio/mc:latest";
 
 impl Plugin for DatastorePlugin {
     fn describe(ctx: &Context) -> PluginInfo {
+        // Every Kind of this plugin shares one schema and one set of columns: build them once.
+        let (schema, columns) = (spec_schema(), printer_columns());
         let kinds = KINDS
             .iter()
             .map(|(kind, plural, short, version, engine)| KindInfo {
@@ -184,8 +186,8 @@ impl Plugin for DatastorePlugin {
                     vec![(*short).to_owned()]
                 },
                 engine: engine.map(str::to_owned),
-                spec_schema: spec_schema(),
-                printer_columns: printer_columns(),
+                spec_schema: schema.clone(),
+                printer_columns: columns.clone(),
             })
             .collect();
         let children = [

@@ -42,14 +42,13 @@ impl ImageSpec {
                 "must not be empty",
             ));
         }
-        if let Some(p) = &self.pull_policy {
-            if !["Always", "IfNotPresent", "Never"].contains(&p.as_str()) {
+        if let Some(p) = &self.pull_policy
+            && !["Always", "IfNotPresent", "Never"].contains(&p.as_str()) {
                 return Err(RenderError::new(
                     "spec.image.pullPolicy",
                     format!("`{p}` is not one of Always, IfNotPresent, Never"),
                 ));
             }
-        }
         Ok(())
     }
 }
@@ -441,14 +440,13 @@ impl Workload {
     pub fn parse(resource: &Resource) -> Result<Self> {
         let w: Self = spec::parse(&resource.spec)?;
         w.image.validate()?;
-        if let Some(r) = w.replicas {
-            if r < 0 {
+        if let Some(r) = w.replicas
+            && r < 0 {
                 return Err(RenderError::new(
                     "spec.replicas",
                     format!("{r} must not be negative"),
                 ));
             }
-        }
         if let Some(ports) = &w.ports {
             validate_ports(ports)?;
         }

@@ -18,12 +18,11 @@ pub fn parse<T: DeserializeOwned>(spec: &Value) -> Result<T> {
             format!("spec.{path}")
         };
         let mut message = e.inner().to_string();
-        if let Some(rest) = message.strip_prefix("missing field `") {
-            if let Some(name) = rest.strip_suffix('`') {
+        if let Some(rest) = message.strip_prefix("missing field `")
+            && let Some(name) = rest.strip_suffix('`') {
                 field = format!("{field}.{name}");
                 message = "is required".to_owned();
             }
-        }
         RenderError::new(field, message)
     })
 }

@@ -106,6 +106,8 @@ struct PdbSpec {
 
 impl Plugin for ServicePlugin {
     fn describe(ctx: &Context) -> PluginInfo {
+        // Every Kind of this plugin shares one schema and one set of columns: build them once.
+        let (schema, columns) = (spec_schema(), printer_columns());
         let kinds = KINDS
             .iter()
             .map(|(kind, plural, short, version)| KindInfo {
@@ -119,8 +121,8 @@ impl Plugin for ServicePlugin {
                     vec![(*short).to_owned()]
                 },
                 engine: None,
-                spec_schema: spec_schema(),
-                printer_columns: printer_columns(),
+                spec_schema: schema.clone(),
+                printer_columns: columns.clone(),
             })
             .collect();
         let children = [

@@ -292,7 +292,8 @@ impl Plugin {
             .find(|k| k.group == group && k.kind == kind)
     }
 
-    fn describe(&self, ctx: &Context) -> std::result::Result<PluginInfo, PluginError> {
+    /// Calls the plugin's `describe` in a fresh instance (the host does this once, at load).
+    pub fn describe(&self, ctx: &Context) -> std::result::Result<PluginInfo, PluginError> {
         let wit_ctx = bindings::context(ctx);
         let info = sandbox::call(
             &self.inner.pre,
@@ -319,31 +320,70 @@ impl Plugin {
             p.wasm_operator_plugin_reconciler()
                 .call_render(store, &wit_resource, &wit_ctx)
         })?;
-        let manifests = out.map_err(|e| PluginError::Render {
-            field: e.field,
-            message: e.message,
-        })?;
-        let total: usize = manifests.iter().map(String::len).sum();
-        if total > limits.output_bytes {
-            return Err(PluginError::OutputTooLarge {
-                bytes: total,
-                limit: limits.output_bytes,
-            });
-        }
-        manifests
-            .iter()
-            .enumerate()
-            .map(|(i, m)| match serde_json::from_str::<Value>(m) {
-                Ok(v @ Value::Object(_)) => Ok(v),
-                Ok(_) => Err(PluginError::BadManifest {
-                    index: i,
-                    reason: "not a JSON object".into(),
-                }),
-                Err(e) => Err(PluginError::BadManifest {
-                    index: i,
-                    reason: e.to_string(),
-                }),
-            })
-            .collect()
+        manifests(out, limits)
     }
+
+    /// One instance kept for several renders, for measuring what isolation costs. A session
+    /// shares memory between calls, so the host never uses one for resources: each render of
+    /// [`Plugin::render`] gets a fresh instance.
+    pub fn session(&self) -> std::result::Result<Session, PluginError> {
+        let limits = self.inner.limits;
+        let (mut store, stderr) = sandbox::store(&self.inner.engine, limits);
+        let instance = self.inner.pre.instantiate(&mut store);
+        let bindings = sandbox::check(instance, &store, &stderr, limits)?;
+        Ok(Session { store, bindings, stderr, limits })
+    }
+}
+
+/// A plugin instance reused across renders; see [`Plugin::session`].
+pub struct Session {
+    store: wasmtime::Store<sandbox::Sandbox>,
+    bindings: bindings::Plugin,
+    stderr: wasmtime_wasi::p2::pipe::MemoryOutputPipe,
+    limits: Limits,
+}
+
+impl fmt::Debug for Session {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Session").field("limits", &self.limits).finish_non_exhaustive()
+    }
+}
+
+impl Session {
+    /// Renders on the session's instance.
+    pub fn render(
+        &mut self,
+        resource: &crate::types::Resource,
+        ctx: &Context,
+    ) -> std::result::Result<Vec<Value>, PluginError> {
+        sandbox::arm_deadline(&mut self.store, self.limits);
+        let out = self.bindings.wasm_operator_plugin_reconciler().call_render(
+            &mut self.store,
+            &bindings::resource(resource),
+            &bindings::context(ctx),
+        );
+        let out = sandbox::check(out, &self.store, &self.stderr, self.limits)?;
+        manifests(out, self.limits)
+    }
+}
+
+/// Checks and parses what `render` returned.
+fn manifests(
+    out: std::result::Result<Vec<String>, bindings::wasm_operator::plugin::types::RenderError>,
+    limits: Limits,
+) -> std::result::Result<Vec<Value>, PluginError> {
+    let manifests = out.map_err(|e| PluginError::Render { field: e.field, message: e.message })?;
+    let total: usize = manifests.iter().map(String::len).sum();
+    if total > limits.output_bytes {
+        return Err(PluginError::OutputTooLarge { bytes: total, limit: limits.output_bytes });
+    }
+    manifests
+        .iter()
+        .enumerate()
+        .map(|(i, m)| match serde_json::from_str::<Value>(m) {
+            Ok(v @ Value::Object(_)) => Ok(v),
+            Ok(_) => Err(PluginError::BadManifest { index: i, reason: "not a JSON object".into() }),
+            Err(e) => Err(PluginError::BadManifest { index: i, reason: e.to_string() }),
+        })
+        .collect()
 }

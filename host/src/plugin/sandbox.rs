@@ -82,13 +82,8 @@ impl HostMonotonicClock for StoppedClock {
     }
 }
 
-/// Runs `f` against a fresh instance of `pre` under `limits`.
-pub(crate) fn call<R>(
-    pre: &PluginPre<Sandbox>,
-    engine: &wasmtime::Engine,
-    limits: Limits,
-    f: impl FnOnce(&Bindings, &mut Store<Sandbox>) -> wasmtime::Result<R>,
-) -> Result<R, PluginError> {
+/// A store for one call (or one session): fresh WASI context, limiter and stderr capture.
+pub(crate) fn store(engine: &wasmtime::Engine, limits: Limits) -> (Store<Sandbox>, MemoryOutputPipe) {
     let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
     let wasi = WasiCtxBuilder::new()
         .stderr(stderr.clone())
@@ -109,12 +104,36 @@ pub(crate) fn call<R>(
     };
     let mut store = Store::new(engine, state);
     store.limiter(|s| s);
+    arm_deadline(&mut store, limits);
+    (store, stderr)
+}
+
+/// Sets the store's deadline to `limits.deadline` from now.
+pub(crate) fn arm_deadline(store: &mut Store<Sandbox>, limits: Limits) {
     let ticks = limits.deadline.as_nanos().div_ceil(TICK.as_nanos()).max(1);
     store.set_epoch_deadline(u64::try_from(ticks).unwrap_or(u64::MAX));
-    let result = pre
-        .instantiate(&mut store)
-        .and_then(|instance| f(&instance, &mut store));
+}
+
+/// Runs `f` against a fresh instance of `pre` under `limits`.
+pub(crate) fn call<R>(
+    pre: &PluginPre<Sandbox>,
+    engine: &wasmtime::Engine,
+    limits: Limits,
+    f: impl FnOnce(&Bindings, &mut Store<Sandbox>) -> wasmtime::Result<R>,
+) -> Result<R, PluginError> {
+    let (mut store, stderr) = store(engine, limits);
+    let result = pre.instantiate(&mut store).and_then(|instance| f(&instance, &mut store));
     result.map_err(|e| classify(&e, store.data(), &stderr, limits))
+}
+
+/// A result of a call made on an existing store, classified like [`call`]'s.
+pub(crate) fn check<R>(
+    result: wasmtime::Result<R>,
+    store: &Store<Sandbox>,
+    stderr: &MemoryOutputPipe,
+    limits: Limits,
+) -> Result<R, PluginError> {
+    result.map_err(|e| classify(&e, store.data(), stderr, limits))
 }
 
 fn classify(

@@ -1,0 +1,596 @@
+//! A real Kubernetes control plane for tests: etcd, kube-apiserver, kube-controller-manager,
+//! kube-scheduler and kwok, built from source by `scripts/control-plane` and started here on free
+//! loopback ports in a temporary directory.
+//!
+//! ```ignore
+//! let cp = testenv::ControlPlane::shared();          // one per test binary, started once
+//! let _logs = cp.logs_on_failure();                  // prints every component's log on panic
+//! let client = cp.client().await?;                   // admin (system:masters)
+//! let ns = cp.namespace(&client, "judge").await?;    // a namespace of the test's own
+//! ```
+//!
+//! Everything it starts runs in a process group of its own, watched by a shell loop that ends
+//! it when the test binary exits, so nothing outlives a test run, even one that panics or is
+//! killed. Binaries come from `$KUBE_BIN_DIR`, else from running `scripts/control-plane` (a no-op
+//! when its cache is warm).
+
+use std::fmt::Write as _;
+use std::net::{IpAddr, Ipv4Addr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use kube::api::{Api, PostParams};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose, SanType,
+};
+
+/// What went wrong starting or using the control plane.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The binaries could not be found or built.
+    #[error("control plane binaries: {0}")]
+    Binaries(String),
+    /// A file could not be written or a process started.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// Why it failed.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Certificates could not be made.
+    #[error("certificates: {0}")]
+    Certificates(#[from] rcgen::Error),
+    /// A component did not become ready.
+    #[error("{0}\n{1}")]
+    NotReady(String, String),
+    /// A kube client could not be built or a call failed.
+    #[error("kube: {0}")]
+    Kube(#[from] kube::Error),
+    /// The kubeconfig could not be loaded.
+    #[error("kubeconfig: {0}")]
+    Kubeconfig(String),
+}
+
+/// The result of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
+    let what = what.into();
+    move |source| Error::Io { what, source }
+}
+
+/// How many PersistentVolumes are made for claims to bind to (there is no provisioner).
+const VOLUMES: usize = 40;
+
+/// A running process of the control plane.
+struct Process {
+    name: &'static str,
+    program: PathBuf,
+    args: Vec<String>,
+    log: PathBuf,
+    child: Child,
+}
+
+/// A running control plane. Dropping it stops every process.
+pub struct ControlPlane {
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    server: String,
+    kubeconfig: PathBuf,
+    processes: Mutex<Vec<Process>>,
+}
+
+impl std::fmt::Debug for ControlPlane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlPlane").field("server", &self.server).field("dir", &self.dir.path()).finish()
+    }
+}
+
+fn free_port() -> Result<u16> {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(io("finding a free port"))?;
+    Ok(listener.local_addr().map_err(io("finding a free port"))?.port())
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2).map(Path::to_path_buf).unwrap_or_default()
+}
+
+/// The directory with the control-plane binaries: `$KUBE_BIN_DIR`, else what
+/// `scripts/control-plane` prints (it builds them the first time).
+pub fn binaries() -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("KUBE_BIN_DIR") {
+        return Ok(PathBuf::from(dir));
+    }
+    let script = repo_root().join("scripts/control-plane");
+    let out = Command::new(&script)
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(io(format!("running {}", script.display())))?;
+    if !out.status.success() {
+        return Err(Error::Binaries(format!("{} failed ({})", script.display(), out.status)));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let dir = text.lines().last().unwrap_or_default().trim();
+    Ok(PathBuf::from(dir))
+}
+
+struct Pki {
+    ca: String,
+    server_cert: String,
+    server_key: String,
+    admin_cert: String,
+    admin_key: String,
+    sa_key: String,
+    sa_pub: String,
+}
+
+fn pki() -> Result<Pki> {
+    let ca_key = KeyPair::generate()?;
+    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.distinguished_name.push(DnType::CommonName, "testenv-ca");
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    let ca = ca_params.self_signed(&ca_key)?;
+    let issuer = Issuer::new(ca_params, ca_key);
+
+    let server_key = KeyPair::generate()?;
+    let mut server = CertificateParams::new(vec![
+        "localhost".to_owned(),
+        "kubernetes".to_owned(),
+        "kubernetes.default".to_owned(),
+        "kubernetes.default.svc".to_owned(),
+        "kubernetes.default.svc.cluster.local".to_owned(),
+    ])?;
+    server.subject_alt_names.push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+    server.subject_alt_names.push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))));
+    server.distinguished_name.push(DnType::CommonName, "kube-apiserver");
+    server.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let server_cert = server.signed_by(&server_key, &issuer)?;
+
+    let admin_key = KeyPair::generate()?;
+    let mut admin = CertificateParams::new(Vec::<String>::new())?;
+    admin.distinguished_name.push(DnType::CommonName, "admin");
+    admin.distinguished_name.push(DnType::OrganizationName, "system:masters");
+    admin.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let admin_cert = admin.signed_by(&admin_key, &issuer)?;
+
+    let sa = KeyPair::generate()?;
+    Ok(Pki {
+        ca: ca.pem(),
+        server_cert: server_cert.pem(),
+        server_key: server_key.serialize_pem(),
+        admin_cert: admin_cert.pem(),
+        admin_key: admin_key.serialize_pem(),
+        sa_key: sa.serialize_pem(),
+        sa_pub: sa.public_key_pem(),
+    })
+}
+
+/// Our own kwok stages: nodes become Ready; scheduled pods become Running and Ready; pods being
+/// deleted go away.
+const KWOK_STAGES: &str = r#"apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: testenv-node-ready
+spec:
+  resourceRef: { apiGroup: v1, kind: Node }
+  selector:
+    matchExpressions:
+      - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
+        operator: NotIn
+        values: ["True"]
+  next:
+    statusTemplate: |
+      {{ $now := Now }}
+      conditions:
+        - type: Ready
+          status: "True"
+          reason: KubeletReady
+          message: kwok simulates this node
+          lastHeartbeatTime: {{ $now | Quote }}
+          lastTransitionTime: {{ $now | Quote }}
+      addresses:
+        - type: InternalIP
+          address: {{ NodeIP | Quote }}
+      allocatable: { cpu: "1000", memory: 4Ti, pods: "10000" }
+      capacity: { cpu: "1000", memory: 4Ti, pods: "10000" }
+      nodeInfo:
+        architecture: amd64
+        operatingSystem: linux
+        kubeletVersion: fake
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: testenv-pod-ready
+spec:
+  resourceRef: { apiGroup: v1, kind: Pod }
+  selector:
+    matchExpressions:
+      - key: .metadata.deletionTimestamp
+        operator: DoesNotExist
+      - key: .status.phase
+        operator: In
+        values: [Pending]
+  next:
+    statusTemplate: |
+      {{ $now := Now }}
+      phase: Running
+      startTime: {{ $now | Quote }}
+      hostIP: {{ NodeIPWith .spec.nodeName | Quote }}
+      podIP: {{ PodIPWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" ) ( or .metadata.name "" ) ( or .metadata.namespace "" ) | Quote }}
+      conditions:
+        - { type: Initialized, status: "True", lastTransitionTime: {{ $now | Quote }} }
+        - { type: PodScheduled, status: "True", lastTransitionTime: {{ $now | Quote }} }
+        - { type: ContainersReady, status: "True", lastTransitionTime: {{ $now | Quote }} }
+        - { type: Ready, status: "True", lastTransitionTime: {{ $now | Quote }} }
+      containerStatuses:
+      {{ range .spec.containers }}
+        - name: {{ .name | Quote }}
+          image: {{ .image | Quote }}
+          ready: true
+          started: true
+          restartCount: 0
+          state: { running: { startedAt: {{ $now | Quote }} } }
+      {{ end }}
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: testenv-pod-delete
+spec:
+  resourceRef: { apiGroup: v1, kind: Pod }
+  selector:
+    matchExpressions:
+      - key: .metadata.deletionTimestamp
+        operator: Exists
+  next:
+    delete: true
+"#;
+
+impl ControlPlane {
+    /// The control plane shared by every test of this binary, started on first use. Tests that
+    /// share it work in namespaces of their own ([`ControlPlane::namespace`]).
+    pub fn shared() -> &'static Self {
+        static SHARED: OnceLock<ControlPlane> = OnceLock::new();
+        SHARED.get_or_init(|| match Self::start() {
+            Ok(cp) => cp,
+            Err(e) => panic!("the control plane did not start: {e}"),
+        })
+    }
+
+    /// Starts a control plane of its own (seconds when the binaries are built).
+    pub fn start() -> Result<Self> {
+        let bin = binaries()?;
+        for b in ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok"] {
+            if !bin.join(b).exists() {
+                return Err(Error::Binaries(format!("{} is missing; run scripts/control-plane", bin.join(b).display())));
+            }
+        }
+        let dir = tempfile::Builder::new().prefix("testenv-").tempdir().map_err(io("making a temporary directory"))?;
+        let d = dir.path().to_path_buf();
+        let write = |name: &str, text: &str| -> Result<PathBuf> {
+            let p = d.join(name);
+            std::fs::write(&p, text).map_err(io(format!("writing {}", p.display())))?;
+            Ok(p)
+        };
+        let pki = pki()?;
+        let ca = write("ca.crt", &pki.ca)?;
+        let server_cert = write("apiserver.crt", &pki.server_cert)?;
+        let server_key = write("apiserver.key", &pki.server_key)?;
+        let sa_key = write("sa.key", &pki.sa_key)?;
+        let sa_pub = write("sa.pub", &pki.sa_pub)?;
+        let (etcd_port, peer_port, api_port) = (free_port()?, free_port()?, free_port()?);
+        let server = format!("https://127.0.0.1:{api_port}");
+        let kubeconfig = write(
+            "admin.kubeconfig",
+            &format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: testenv\n  cluster:\n    server: {server}\n    certificate-authority-data: {}\n\
+                 users:\n- name: admin\n  user:\n    client-certificate-data: {}\n    client-key-data: {}\n\
+                 contexts:\n- name: testenv\n  context:\n    cluster: testenv\n    user: admin\n    namespace: default\ncurrent-context: testenv\n",
+                BASE64.encode(&pki.ca),
+                BASE64.encode(&pki.admin_cert),
+                BASE64.encode(&pki.admin_key),
+            ),
+        )?;
+        let stages = write("kwok.yaml", KWOK_STAGES)?;
+        let cp = Self { dir, bin, server, kubeconfig: kubeconfig.clone(), processes: Mutex::new(Vec::new()) };
+        let p = |path: &Path| path.display().to_string();
+
+        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        cp.spawn("etcd", &[
+            "--name=testenv".into(),
+            format!("--data-dir={}", p(&d.join("etcd"))),
+            format!("--listen-client-urls={etcd_url}"),
+            format!("--advertise-client-urls={etcd_url}"),
+            format!("--listen-peer-urls={peer_url}"),
+            format!("--initial-advertise-peer-urls={peer_url}"),
+            format!("--initial-cluster=testenv={peer_url}"),
+            "--unsafe-no-fsync".into(),
+            "--log-level=warn".into(),
+        ])?;
+        cp.spawn("kube-apiserver", &[
+            format!("--etcd-servers={etcd_url}"),
+            "--bind-address=127.0.0.1".into(),
+            "--advertise-address=127.0.0.1".into(),
+            format!("--secure-port={api_port}"),
+            format!("--cert-dir={}", p(&d.join("apiserver-certs"))),
+            format!("--tls-cert-file={}", p(&server_cert)),
+            format!("--tls-private-key-file={}", p(&server_key)),
+            format!("--client-ca-file={}", p(&ca)),
+            format!("--service-account-key-file={}", p(&sa_pub)),
+            format!("--service-account-signing-key-file={}", p(&sa_key)),
+            "--service-account-issuer=https://kubernetes.default.svc".into(),
+            "--service-cluster-ip-range=10.0.0.0/24".into(),
+            "--authorization-mode=RBAC".into(),
+            "--endpoint-reconciler-type=none".into(),
+            "--allow-privileged=true".into(),
+            "--enable-priority-and-fairness=false".into(),
+            "--profiling=false".into(),
+        ])?;
+        cp.wait_ready()?;
+        cp.spawn("kube-controller-manager", &[
+            format!("--kubeconfig={}", p(&kubeconfig)),
+            format!("--authentication-kubeconfig={}", p(&kubeconfig)),
+            format!("--authorization-kubeconfig={}", p(&kubeconfig)),
+            format!("--service-account-private-key-file={}", p(&sa_key)),
+            format!("--root-ca-file={}", p(&ca)),
+            "--controllers=*,-node-lifecycle-controller,-node-ipam-controller,-cloud-node-lifecycle-controller,-service-lb-controller,-node-route-controller".into(),
+            "--leader-elect=false".into(),
+            "--bind-address=127.0.0.1".into(),
+            "--secure-port=0".into(),
+            "--concurrent-gc-syncs=10".into(),
+            "--profiling=false".into(),
+        ])?;
+        cp.spawn("kube-scheduler", &[
+            format!("--kubeconfig={}", p(&kubeconfig)),
+            format!("--authentication-kubeconfig={}", p(&kubeconfig)),
+            format!("--authorization-kubeconfig={}", p(&kubeconfig)),
+            "--leader-elect=false".into(),
+            "--bind-address=127.0.0.1".into(),
+            "--secure-port=0".into(),
+            "--profiling=false".into(),
+        ])?;
+        cp.spawn("kwok", &[
+            format!("--kubeconfig={}", p(&kubeconfig)),
+            format!("--config={}", p(&stages)),
+            "--manage-all-nodes=false".into(),
+            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake".into(),
+            "--manage-nodes-with-label-selector=".into(),
+            "--disregard-status-with-annotation-selector=kwok.x-k8s.io/status=custom".into(),
+            "--disregard-status-with-label-selector=".into(),
+            "--cidr=10.244.0.0/16".into(),
+            "--node-ip=10.1.0.1".into(),
+            format!("--server-address=127.0.0.1:{}", free_port()?),
+        ])?;
+        cp.seed()?;
+        Ok(cp)
+    }
+
+    /// Starts `name` from the binary directory in a process group of its own, with a shell
+    /// loop that ends it when this process exits.
+    fn spawn(&self, name: &'static str, args: &[String]) -> Result<()> {
+        let program = self.bin.join(name);
+        let log = self.dir.path().join(format!("{name}.log"));
+        let child = start_watched(&program, args, &log)?;
+        let mut procs = self.processes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        procs.push(Process { name, program, args: args.to_vec(), log, child });
+        Ok(())
+    }
+
+    fn wait_ready(&self) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let out = self.kubectl(&["get", "--raw", "/readyz"]);
+            if out.status.success() {
+                return Ok(());
+            }
+            if let Some(dead) = self.exited() {
+                return Err(Error::NotReady(format!("{dead} exited while starting"), self.logs()));
+            }
+            if Instant::now() > deadline {
+                return Err(Error::NotReady("kube-apiserver was not ready after 90s".into(), self.logs()));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// A component that has exited, if any.
+    fn exited(&self) -> Option<&'static str> {
+        let mut procs = self.processes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        procs.iter_mut().find_map(|p| matches!(p.child.try_wait(), Ok(Some(_))).then_some(p.name))
+    }
+
+    /// The fake node kwok runs pods on, and volumes for claims to bind to.
+    fn seed(&self) -> Result<()> {
+        let mut objects = String::from(
+            "apiVersion: v1\nkind: Node\nmetadata:\n  name: kwok-node-0\n  annotations:\n    kwok.x-k8s.io/node: fake\n  labels:\n    kubernetes.io/hostname: kwok-node-0\n    kubernetes.io/os: linux\n    kubernetes.io/arch: amd64\n    type: kwok\n",
+        );
+        for i in 0..VOLUMES {
+            let _ = write!(
+                objects,
+                "---\napiVersion: v1\nkind: PersistentVolume\nmetadata:\n  name: testenv-pv-{i}\nspec:\n  capacity: {{storage: 1Ti}}\n  accessModes: [ReadWriteOnce, ReadWriteMany, ReadOnlyMany]\n  persistentVolumeReclaimPolicy: Retain\n  hostPath: {{path: /tmp/testenv-pv-{i}}}\n"
+            );
+        }
+        let file = self.dir.path().join("seed.yaml");
+        std::fs::write(&file, objects).map_err(io("writing seed.yaml"))?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let out = self.kubectl(&["apply", "--server-side", "-f", &file.display().to_string()]);
+            if out.status.success() {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(Error::NotReady(format!("seeding failed: {}", String::from_utf8_lossy(&out.stderr)), self.logs()));
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        let out = self.kubectl(&["wait", "--for=condition=Ready", "node/kwok-node-0", "--timeout=60s"]);
+        if !out.status.success() {
+            return Err(Error::NotReady(format!("the kwok node is not Ready: {}", String::from_utf8_lossy(&out.stderr)), self.logs()));
+        }
+        Ok(())
+    }
+
+    /// The API server's address.
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// An admin kubeconfig (client certificate in `system:masters`).
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The directory of the control-plane binaries.
+    pub fn bin_dir(&self) -> &Path {
+        &self.bin
+    }
+
+    /// Runs the matching kubectl as admin.
+    pub fn kubectl(&self, args: &[&str]) -> Output {
+        Command::new(self.bin.join("kubectl"))
+            .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("kubectl did not run: {e}"))
+    }
+
+    /// An admin client. Make one per test: a client belongs to the runtime that made it.
+    pub async fn client(&self) -> Result<kube::Client> {
+        let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig).map_err(|e| Error::Kubeconfig(e.to_string()))?;
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+            .await
+            .map_err(|e| Error::Kubeconfig(e.to_string()))?;
+        Ok(kube::Client::try_from(config)?)
+    }
+
+    /// A client acting as the ServiceAccount `namespace/name`, with a token from TokenRequest.
+    pub async fn service_account_client(&self, admin: &kube::Client, namespace: &str, name: &str) -> Result<kube::Client> {
+        let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), namespace);
+        let request = TokenRequest {
+            spec: Some(TokenRequestSpec { audiences: Some(vec![]), expiration_seconds: Some(3600), ..Default::default() }),
+            ..Default::default()
+        };
+        let token = sas.create_token_request(name, &PostParams::default(), &request).await?;
+        let token = serde_json::to_value(&token)
+            .ok()
+            .and_then(|v| v.pointer("/status/token").and_then(serde_json::Value::as_str).map(str::to_owned))
+            .unwrap_or_default();
+        let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig).map_err(|e| Error::Kubeconfig(e.to_string()))?;
+        let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+            .await
+            .map_err(|e| Error::Kubeconfig(e.to_string()))?;
+        config.auth_info = kube::config::AuthInfo { token: Some(token.into()), ..Default::default() };
+        Ok(kube::Client::try_from(config)?)
+    }
+
+    /// Creates a namespace `<prefix>-<n>` of the test's own and returns its name.
+    pub async fn namespace(&self, client: &kube::Client, prefix: &str) -> Result<String> {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("{prefix}-{n}");
+        let ns: Namespace = serde_json::from_value(serde_json::json!({ "metadata": { "name": name } }))
+            .map_err(|e| Error::Kubeconfig(e.to_string()))?;
+        Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await?;
+        Ok(name)
+    }
+
+    /// The last lines of every component's log.
+    pub fn logs(&self) -> String {
+        let procs = self.processes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut out = String::new();
+        for p in procs.iter() {
+            let text = std::fs::read_to_string(&p.log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(40)..];
+            let _ = writeln!(out, "----- {} ({}) -----\n{}", p.name, p.log.display(), tail.join("\n"));
+        }
+        out
+    }
+
+    /// A guard that prints every component's log if the test panics.
+    pub fn logs_on_failure(&self) -> LogsOnFailure<'_> {
+        LogsOnFailure(self)
+    }
+
+    /// Kills the API server and starts it again with the same flags (its data is in etcd).
+    pub fn restart_apiserver(&self, down_for: Duration) -> Result<()> {
+        {
+            let mut procs = self.processes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let Some(p) = procs.iter_mut().find(|p| p.name == "kube-apiserver") else {
+                return Err(Error::Binaries("no kube-apiserver to restart".into()));
+            };
+            stop(&mut p.child);
+            std::thread::sleep(down_for);
+            p.child = start_watched(&p.program, &p.args, &p.log)?;
+        }
+        self.wait_ready()
+    }
+}
+
+/// Prints the control plane's logs when dropped during a panic.
+#[derive(Debug)]
+pub struct LogsOnFailure<'a>(&'a ControlPlane);
+
+impl Drop for LogsOnFailure<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("control plane logs:\n{}", self.0.logs());
+        }
+    }
+}
+
+fn start_watched(program: &Path, args: &[String], log: &Path) -> Result<Child> {
+    let out = std::fs::OpenOptions::new().create(true).append(true).open(log).map_err(io(format!("opening {}", log.display())))?;
+    let err = out.try_clone().map_err(io("duplicating a log handle"))?;
+    // The loop ends the component when the test binary (our pid) is gone, whatever ended it.
+    let watchdog = r#"parent=$1; shift; "$@" & child=$!
+trap 'kill $child 2>/dev/null; wait $child; exit 0' TERM INT
+while kill -0 "$parent" 2>/dev/null && kill -0 "$child" 2>/dev/null; do sleep 0.5; done
+kill $child 2>/dev/null; sleep 2; kill -9 $child 2>/dev/null; wait $child"#;
+    std::os::unix::process::CommandExt::process_group(
+        Command::new("bash").arg("-c").arg(watchdog).arg("watchdog").arg(std::process::id().to_string()).arg(program).args(args),
+        0,
+    )
+    .stdin(Stdio::null())
+    .stdout(out)
+    .stderr(err)
+    .spawn()
+    .map_err(io(format!("starting {}", program.display())))
+}
+
+/// Ends a watched component's whole process group and reaps it.
+fn stop(child: &mut Child) {
+    let group = format!("-{}", child.id());
+    let _ = Command::new("kill").args(["-TERM", "--", &group]).status();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
+    let _ = child.wait();
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        let mut procs = self.processes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for p in procs.iter_mut().rev() {
+            stop(&mut p.child);
+        }
+    }
+}
