@@ -61,7 +61,10 @@ fn native(r: &Resource, ctx: &Context, plugin: &str) -> Vec<Value> {
 }
 
 fn main() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
     let cache_dir = tempfile::tempdir().unwrap();
     let ctx = Context::default();
     let runtime = Runtime::new(Limits::default(), Some(Cache::new(cache_dir.path()))).unwrap();
@@ -85,8 +88,10 @@ fn main() {
             .iter()
             .map(|d| documents::resource(&d.value).unwrap())
             .collect();
-        let plugins: Vec<_> =
-            resources.iter().map(|r| registry.lookup(&r.api_version, &r.kind).unwrap().0.clone()).collect();
+        let plugins: Vec<_> = resources
+            .iter()
+            .map(|r| registry.lookup(&r.api_version, &r.kind).unwrap().0.clone())
+            .collect();
         let mut sessions: Vec<_> = plugins.iter().map(|p| p.session().unwrap()).collect();
 
         let t_native = measure(|| {
@@ -125,7 +130,9 @@ fn main() {
     );
 
     println!("\n## Plugin load (ms)\n");
-    println!("| plugin | wasm size | load from compile cache | of which describe() | load without describe() | compile without cache |");
+    println!(
+        "| plugin | wasm size | load from compile cache | of which describe() | load without describe() | compile without cache |"
+    );
     println!("|---|---:|---:|---:|---:|---:|");
     let uncached = Runtime::new(Limits::default(), None).unwrap();
     for b in BUILTINS {

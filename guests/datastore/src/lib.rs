@@ -412,10 +412,16 @@ fn statefulset(
     let default_args: Option<Vec<String>> =
         default_args.map(|a| a.iter().map(|s| (*s).to_owned()).collect());
     let args = w.args.as_deref().or(default_args.as_deref());
+    // No `env: []`: the API server drops empty lists, and what we send must come back.
+    let env = if env.is_empty() {
+        w.env.clone()
+    } else {
+        Some(env)
+    };
     let main = w.container(
         &resource.name,
         ports,
-        Some(env),
+        env,
         data_mount,
         w.command.as_deref(),
         args,

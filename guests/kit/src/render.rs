@@ -43,12 +43,13 @@ impl ImageSpec {
             ));
         }
         if let Some(p) = &self.pull_policy
-            && !["Always", "IfNotPresent", "Never"].contains(&p.as_str()) {
-                return Err(RenderError::new(
-                    "spec.image.pullPolicy",
-                    format!("`{p}` is not one of Always, IfNotPresent, Never"),
-                ));
-            }
+            && !["Always", "IfNotPresent", "Never"].contains(&p.as_str())
+        {
+            return Err(RenderError::new(
+                "spec.image.pullPolicy",
+                format!("`{p}` is not one of Always, IfNotPresent, Never"),
+            ));
+        }
         Ok(())
     }
 }
@@ -441,12 +442,13 @@ impl Workload {
         let w: Self = spec::parse(&resource.spec)?;
         w.image.validate()?;
         if let Some(r) = w.replicas
-            && r < 0 {
-                return Err(RenderError::new(
-                    "spec.replicas",
-                    format!("{r} must not be negative"),
-                ));
-            }
+            && r < 0
+        {
+            return Err(RenderError::new(
+                "spec.replicas",
+                format!("{r} must not be negative"),
+            ));
+        }
         if let Some(ports) = &w.ports {
             validate_ports(ports)?;
         }

@@ -19,10 +19,11 @@ pub fn parse<T: DeserializeOwned>(spec: &Value) -> Result<T> {
         };
         let mut message = e.inner().to_string();
         if let Some(rest) = message.strip_prefix("missing field `")
-            && let Some(name) = rest.strip_suffix('`') {
-                field = format!("{field}.{name}");
-                message = "is required".to_owned();
-            }
+            && let Some(name) = rest.strip_suffix('`')
+        {
+            field = format!("{field}.{name}");
+            message = "is required".to_owned();
+        }
         RenderError::new(field, message)
     })
 }

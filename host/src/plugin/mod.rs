@@ -331,7 +331,12 @@ impl Plugin {
         let (mut store, stderr) = sandbox::store(&self.inner.engine, limits);
         let instance = self.inner.pre.instantiate(&mut store);
         let bindings = sandbox::check(instance, &store, &stderr, limits)?;
-        Ok(Session { store, bindings, stderr, limits })
+        Ok(Session {
+            store,
+            bindings,
+            stderr,
+            limits,
+        })
     }
 }
 
@@ -345,7 +350,9 @@ pub struct Session {
 
 impl fmt::Debug for Session {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Session").field("limits", &self.limits).finish_non_exhaustive()
+        f.debug_struct("Session")
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
     }
 }
 
@@ -372,18 +379,30 @@ fn manifests(
     out: std::result::Result<Vec<String>, bindings::wasm_operator::plugin::types::RenderError>,
     limits: Limits,
 ) -> std::result::Result<Vec<Value>, PluginError> {
-    let manifests = out.map_err(|e| PluginError::Render { field: e.field, message: e.message })?;
+    let manifests = out.map_err(|e| PluginError::Render {
+        field: e.field,
+        message: e.message,
+    })?;
     let total: usize = manifests.iter().map(String::len).sum();
     if total > limits.output_bytes {
-        return Err(PluginError::OutputTooLarge { bytes: total, limit: limits.output_bytes });
+        return Err(PluginError::OutputTooLarge {
+            bytes: total,
+            limit: limits.output_bytes,
+        });
     }
     manifests
         .iter()
         .enumerate()
         .map(|(i, m)| match serde_json::from_str::<Value>(m) {
             Ok(v @ Value::Object(_)) => Ok(v),
-            Ok(_) => Err(PluginError::BadManifest { index: i, reason: "not a JSON object".into() }),
-            Err(e) => Err(PluginError::BadManifest { index: i, reason: e.to_string() }),
+            Ok(_) => Err(PluginError::BadManifest {
+                index: i,
+                reason: "not a JSON object".into(),
+            }),
+            Err(e) => Err(PluginError::BadManifest {
+                index: i,
+                reason: e.to_string(),
+            }),
         })
         .collect()
 }

@@ -83,7 +83,10 @@ impl HostMonotonicClock for StoppedClock {
 }
 
 /// A store for one call (or one session): fresh WASI context, limiter and stderr capture.
-pub(crate) fn store(engine: &wasmtime::Engine, limits: Limits) -> (Store<Sandbox>, MemoryOutputPipe) {
+pub(crate) fn store(
+    engine: &wasmtime::Engine,
+    limits: Limits,
+) -> (Store<Sandbox>, MemoryOutputPipe) {
     let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
     let wasi = WasiCtxBuilder::new()
         .stderr(stderr.clone())
@@ -122,7 +125,9 @@ pub(crate) fn call<R>(
     f: impl FnOnce(&Bindings, &mut Store<Sandbox>) -> wasmtime::Result<R>,
 ) -> Result<R, PluginError> {
     let (mut store, stderr) = store(engine, limits);
-    let result = pre.instantiate(&mut store).and_then(|instance| f(&instance, &mut store));
+    let result = pre
+        .instantiate(&mut store)
+        .and_then(|instance| f(&instance, &mut store));
     result.map_err(|e| classify(&e, store.data(), &stderr, limits))
 }
 

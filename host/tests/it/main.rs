@@ -3,6 +3,7 @@
 mod cli;
 mod crds;
 mod errors;
+mod judge;
 mod render;
 mod roundtrip;
 mod sandbox;

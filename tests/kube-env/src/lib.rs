@@ -91,17 +91,28 @@ pub struct ControlPlane {
 
 impl std::fmt::Debug for ControlPlane {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ControlPlane").field("server", &self.server).field("dir", &self.dir.path()).finish()
+        f.debug_struct("ControlPlane")
+            .field("server", &self.server)
+            .field("dir", &self.dir.path())
+            .finish()
     }
 }
 
 fn free_port() -> Result<u16> {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(io("finding a free port"))?;
-    Ok(listener.local_addr().map_err(io("finding a free port"))?.port())
+    let listener =
+        TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(io("finding a free port"))?;
+    Ok(listener
+        .local_addr()
+        .map_err(io("finding a free port"))?
+        .port())
 }
 
 fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2).map(Path::to_path_buf).unwrap_or_default()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
 }
 
 /// The directory with the control-plane binaries: `$KUBE_BIN_DIR`, else what
@@ -116,7 +127,11 @@ pub fn binaries() -> Result<PathBuf> {
         .output()
         .map_err(io(format!("running {}", script.display())))?;
     if !out.status.success() {
-        return Err(Error::Binaries(format!("{} failed ({})", script.display(), out.status)));
+        return Err(Error::Binaries(format!(
+            "{} failed ({})",
+            script.display(),
+            out.status
+        )));
     }
     let text = String::from_utf8_lossy(&out.stdout);
     let dir = text.lines().last().unwrap_or_default().trim();
@@ -137,8 +152,14 @@ fn pki() -> Result<Pki> {
     let ca_key = KeyPair::generate()?;
     let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.distinguished_name.push(DnType::CommonName, "testenv-ca");
-    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "testenv-ca");
+    ca_params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
     let ca = ca_params.self_signed(&ca_key)?;
     let issuer = Issuer::new(ca_params, ca_key);
 
@@ -150,16 +171,24 @@ fn pki() -> Result<Pki> {
         "kubernetes.default.svc".to_owned(),
         "kubernetes.default.svc.cluster.local".to_owned(),
     ])?;
-    server.subject_alt_names.push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)));
-    server.subject_alt_names.push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))));
-    server.distinguished_name.push(DnType::CommonName, "kube-apiserver");
+    server
+        .subject_alt_names
+        .push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+    server
+        .subject_alt_names
+        .push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))));
+    server
+        .distinguished_name
+        .push(DnType::CommonName, "kube-apiserver");
     server.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
     let server_cert = server.signed_by(&server_key, &issuer)?;
 
     let admin_key = KeyPair::generate()?;
     let mut admin = CertificateParams::new(Vec::<String>::new())?;
     admin.distinguished_name.push(DnType::CommonName, "admin");
-    admin.distinguished_name.push(DnType::OrganizationName, "system:masters");
+    admin
+        .distinguished_name
+        .push(DnType::OrganizationName, "system:masters");
     admin.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
     let admin_cert = admin.signed_by(&admin_key, &issuer)?;
 
@@ -271,12 +300,25 @@ impl ControlPlane {
     /// Starts a control plane of its own (seconds when the binaries are built).
     pub fn start() -> Result<Self> {
         let bin = binaries()?;
-        for b in ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok"] {
+        for b in [
+            "etcd",
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+            "kubectl",
+            "kwok",
+        ] {
             if !bin.join(b).exists() {
-                return Err(Error::Binaries(format!("{} is missing; run scripts/control-plane", bin.join(b).display())));
+                return Err(Error::Binaries(format!(
+                    "{} is missing; run scripts/control-plane",
+                    bin.join(b).display()
+                )));
             }
         }
-        let dir = tempfile::Builder::new().prefix("testenv-").tempdir().map_err(io("making a temporary directory"))?;
+        let dir = tempfile::Builder::new()
+            .prefix("testenv-")
+            .tempdir()
+            .map_err(io("making a temporary directory"))?;
         let d = dir.path().to_path_buf();
         let write = |name: &str, text: &str| -> Result<PathBuf> {
             let p = d.join(name);
@@ -303,22 +345,31 @@ impl ControlPlane {
             ),
         )?;
         let stages = write("kwok.yaml", KWOK_STAGES)?;
-        let cp = Self { dir, bin, server, kubeconfig: kubeconfig.clone(), processes: Mutex::new(Vec::new()) };
+        let cp = Self {
+            dir,
+            bin,
+            server,
+            kubeconfig: kubeconfig.clone(),
+            processes: Mutex::new(Vec::new()),
+        };
         let p = |path: &Path| path.display().to_string();
 
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
         let peer_url = format!("http://127.0.0.1:{peer_port}");
-        cp.spawn("etcd", &[
-            "--name=testenv".into(),
-            format!("--data-dir={}", p(&d.join("etcd"))),
-            format!("--listen-client-urls={etcd_url}"),
-            format!("--advertise-client-urls={etcd_url}"),
-            format!("--listen-peer-urls={peer_url}"),
-            format!("--initial-advertise-peer-urls={peer_url}"),
-            format!("--initial-cluster=testenv={peer_url}"),
-            "--unsafe-no-fsync".into(),
-            "--log-level=warn".into(),
-        ])?;
+        cp.spawn(
+            "etcd",
+            &[
+                "--name=testenv".into(),
+                format!("--data-dir={}", p(&d.join("etcd"))),
+                format!("--listen-client-urls={etcd_url}"),
+                format!("--advertise-client-urls={etcd_url}"),
+                format!("--listen-peer-urls={peer_url}"),
+                format!("--initial-advertise-peer-urls={peer_url}"),
+                format!("--initial-cluster=testenv={peer_url}"),
+                "--unsafe-no-fsync".into(),
+                "--log-level=warn".into(),
+            ],
+        )?;
         cp.spawn("kube-apiserver", &[
             format!("--etcd-servers={etcd_url}"),
             "--bind-address=127.0.0.1".into(),
@@ -335,7 +386,13 @@ impl ControlPlane {
             "--authorization-mode=RBAC".into(),
             "--endpoint-reconciler-type=none".into(),
             "--allow-privileged=true".into(),
+            // kwok nodes send no heartbeats, so the node lifecycle controller is off; the taint
+            // this plugin puts on new nodes would then never be lifted.
+            "--disable-admission-plugins=TaintNodesByCondition".into(),
             "--enable-priority-and-fairness=false".into(),
+            // Off by default in 1.36; with them off the server silently drops these projected
+            // volume sources, so the tests turn them on to judge every source we pass through.
+            "--feature-gates=ClusterTrustBundle=true,ClusterTrustBundleProjection=true,PodCertificateRequest=true".into(),
             "--profiling=false".into(),
         ])?;
         cp.wait_ready()?;
@@ -352,27 +409,33 @@ impl ControlPlane {
             "--concurrent-gc-syncs=10".into(),
             "--profiling=false".into(),
         ])?;
-        cp.spawn("kube-scheduler", &[
-            format!("--kubeconfig={}", p(&kubeconfig)),
-            format!("--authentication-kubeconfig={}", p(&kubeconfig)),
-            format!("--authorization-kubeconfig={}", p(&kubeconfig)),
-            "--leader-elect=false".into(),
-            "--bind-address=127.0.0.1".into(),
-            "--secure-port=0".into(),
-            "--profiling=false".into(),
-        ])?;
-        cp.spawn("kwok", &[
-            format!("--kubeconfig={}", p(&kubeconfig)),
-            format!("--config={}", p(&stages)),
-            "--manage-all-nodes=false".into(),
-            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake".into(),
-            "--manage-nodes-with-label-selector=".into(),
-            "--disregard-status-with-annotation-selector=kwok.x-k8s.io/status=custom".into(),
-            "--disregard-status-with-label-selector=".into(),
-            "--cidr=10.244.0.0/16".into(),
-            "--node-ip=10.1.0.1".into(),
-            format!("--server-address=127.0.0.1:{}", free_port()?),
-        ])?;
+        cp.spawn(
+            "kube-scheduler",
+            &[
+                format!("--kubeconfig={}", p(&kubeconfig)),
+                format!("--authentication-kubeconfig={}", p(&kubeconfig)),
+                format!("--authorization-kubeconfig={}", p(&kubeconfig)),
+                "--leader-elect=false".into(),
+                "--bind-address=127.0.0.1".into(),
+                "--secure-port=0".into(),
+                "--profiling=false".into(),
+            ],
+        )?;
+        cp.spawn(
+            "kwok",
+            &[
+                format!("--kubeconfig={}", p(&kubeconfig)),
+                format!("--config={}", p(&stages)),
+                "--manage-all-nodes=false".into(),
+                "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake".into(),
+                "--manage-nodes-with-label-selector=".into(),
+                "--disregard-status-with-annotation-selector=kwok.x-k8s.io/status=custom".into(),
+                "--disregard-status-with-label-selector=".into(),
+                "--cidr=10.244.0.0/16".into(),
+                "--node-ip=10.1.0.1".into(),
+                format!("--server-address=127.0.0.1:{}", free_port()?),
+            ],
+        )?;
         cp.seed()?;
         Ok(cp)
     }
@@ -383,8 +446,17 @@ impl ControlPlane {
         let program = self.bin.join(name);
         let log = self.dir.path().join(format!("{name}.log"));
         let child = start_watched(&program, args, &log)?;
-        let mut procs = self.processes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        procs.push(Process { name, program, args: args.to_vec(), log, child });
+        let mut procs = self
+            .processes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        procs.push(Process {
+            name,
+            program,
+            args: args.to_vec(),
+            log,
+            child,
+        });
         Ok(())
     }
 
@@ -396,10 +468,16 @@ impl ControlPlane {
                 return Ok(());
             }
             if let Some(dead) = self.exited() {
-                return Err(Error::NotReady(format!("{dead} exited while starting"), self.logs()));
+                return Err(Error::NotReady(
+                    format!("{dead} exited while starting"),
+                    self.logs(),
+                ));
             }
             if Instant::now() > deadline {
-                return Err(Error::NotReady("kube-apiserver was not ready after 90s".into(), self.logs()));
+                return Err(Error::NotReady(
+                    "kube-apiserver was not ready after 90s".into(),
+                    self.logs(),
+                ));
             }
             std::thread::sleep(Duration::from_millis(200));
         }
@@ -407,8 +485,13 @@ impl ControlPlane {
 
     /// A component that has exited, if any.
     fn exited(&self) -> Option<&'static str> {
-        let mut procs = self.processes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        procs.iter_mut().find_map(|p| matches!(p.child.try_wait(), Ok(Some(_))).then_some(p.name))
+        let mut procs = self
+            .processes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        procs
+            .iter_mut()
+            .find_map(|p| matches!(p.child.try_wait(), Ok(Some(_))).then_some(p.name))
     }
 
     /// The fake node kwok runs pods on, and volumes for claims to bind to.
@@ -431,13 +514,27 @@ impl ControlPlane {
                 break;
             }
             if Instant::now() > deadline {
-                return Err(Error::NotReady(format!("seeding failed: {}", String::from_utf8_lossy(&out.stderr)), self.logs()));
+                return Err(Error::NotReady(
+                    format!("seeding failed: {}", String::from_utf8_lossy(&out.stderr)),
+                    self.logs(),
+                ));
             }
             std::thread::sleep(Duration::from_millis(300));
         }
-        let out = self.kubectl(&["wait", "--for=condition=Ready", "node/kwok-node-0", "--timeout=60s"]);
+        let out = self.kubectl(&[
+            "wait",
+            "--for=condition=Ready",
+            "node/kwok-node-0",
+            "--timeout=60s",
+        ]);
         if !out.status.success() {
-            return Err(Error::NotReady(format!("the kwok node is not Ready: {}", String::from_utf8_lossy(&out.stderr)), self.logs()));
+            return Err(Error::NotReady(
+                format!(
+                    "the kwok node is not Ready: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                ),
+                self.logs(),
+            ));
         }
         Ok(())
     }
@@ -469,30 +566,56 @@ impl ControlPlane {
 
     /// An admin client. Make one per test: a client belongs to the runtime that made it.
     pub async fn client(&self) -> Result<kube::Client> {
-        let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig).map_err(|e| Error::Kubeconfig(e.to_string()))?;
-        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
-            .await
+        let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig)
             .map_err(|e| Error::Kubeconfig(e.to_string()))?;
+        let config = kube::Config::from_custom_kubeconfig(
+            kubeconfig,
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await
+        .map_err(|e| Error::Kubeconfig(e.to_string()))?;
         Ok(kube::Client::try_from(config)?)
     }
 
     /// A client acting as the ServiceAccount `namespace/name`, with a token from TokenRequest.
-    pub async fn service_account_client(&self, admin: &kube::Client, namespace: &str, name: &str) -> Result<kube::Client> {
+    pub async fn service_account_client(
+        &self,
+        admin: &kube::Client,
+        namespace: &str,
+        name: &str,
+    ) -> Result<kube::Client> {
         let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), namespace);
         let request = TokenRequest {
-            spec: Some(TokenRequestSpec { audiences: Some(vec![]), expiration_seconds: Some(3600), ..Default::default() }),
+            spec: Some(TokenRequestSpec {
+                audiences: Some(vec![]),
+                expiration_seconds: Some(3600),
+                ..Default::default()
+            }),
             ..Default::default()
         };
-        let token = sas.create_token_request(name, &PostParams::default(), &request).await?;
+        let token = sas
+            .create_token_request(name, &PostParams::default(), &request)
+            .await?;
         let token = serde_json::to_value(&token)
             .ok()
-            .and_then(|v| v.pointer("/status/token").and_then(serde_json::Value::as_str).map(str::to_owned))
+            .and_then(|v| {
+                v.pointer("/status/token")
+                    .and_then(serde_json::Value::as_str)
+                    .map(str::to_owned)
+            })
             .unwrap_or_default();
-        let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig).map_err(|e| Error::Kubeconfig(e.to_string()))?;
-        let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
-            .await
+        let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig)
             .map_err(|e| Error::Kubeconfig(e.to_string()))?;
-        config.auth_info = kube::config::AuthInfo { token: Some(token.into()), ..Default::default() };
+        let mut config = kube::Config::from_custom_kubeconfig(
+            kubeconfig,
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await
+        .map_err(|e| Error::Kubeconfig(e.to_string()))?;
+        config.auth_info = kube::config::AuthInfo {
+            token: Some(token.into()),
+            ..Default::default()
+        };
         Ok(kube::Client::try_from(config)?)
     }
 
@@ -501,21 +624,33 @@ impl ControlPlane {
         static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let name = format!("{prefix}-{n}");
-        let ns: Namespace = serde_json::from_value(serde_json::json!({ "metadata": { "name": name } }))
-            .map_err(|e| Error::Kubeconfig(e.to_string()))?;
-        Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await?;
+        let ns: Namespace =
+            serde_json::from_value(serde_json::json!({ "metadata": { "name": name } }))
+                .map_err(|e| Error::Kubeconfig(e.to_string()))?;
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await?;
         Ok(name)
     }
 
     /// The last lines of every component's log.
     pub fn logs(&self) -> String {
-        let procs = self.processes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let procs = self
+            .processes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut out = String::new();
         for p in procs.iter() {
             let text = std::fs::read_to_string(&p.log).unwrap_or_default();
             let lines: Vec<&str> = text.lines().collect();
             let tail = &lines[lines.len().saturating_sub(40)..];
-            let _ = writeln!(out, "----- {} ({}) -----\n{}", p.name, p.log.display(), tail.join("\n"));
+            let _ = writeln!(
+                out,
+                "----- {} ({}) -----\n{}",
+                p.name,
+                p.log.display(),
+                tail.join("\n")
+            );
         }
         out
     }
@@ -528,7 +663,10 @@ impl ControlPlane {
     /// Kills the API server and starts it again with the same flags (its data is in etcd).
     pub fn restart_apiserver(&self, down_for: Duration) -> Result<()> {
         {
-            let mut procs = self.processes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut procs = self
+                .processes
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             let Some(p) = procs.iter_mut().find(|p| p.name == "kube-apiserver") else {
                 return Err(Error::Binaries("no kube-apiserver to restart".into()));
             };
@@ -553,7 +691,11 @@ impl Drop for LogsOnFailure<'_> {
 }
 
 fn start_watched(program: &Path, args: &[String], log: &Path) -> Result<Child> {
-    let out = std::fs::OpenOptions::new().create(true).append(true).open(log).map_err(io(format!("opening {}", log.display())))?;
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(io(format!("opening {}", log.display())))?;
     let err = out.try_clone().map_err(io("duplicating a log handle"))?;
     // The loop ends the component when the test binary (our pid) is gone, whatever ended it.
     let watchdog = r#"parent=$1; shift; "$@" & child=$!
@@ -561,7 +703,13 @@ trap 'kill $child 2>/dev/null; wait $child; exit 0' TERM INT
 while kill -0 "$parent" 2>/dev/null && kill -0 "$child" 2>/dev/null; do sleep 0.5; done
 kill $child 2>/dev/null; sleep 2; kill -9 $child 2>/dev/null; wait $child"#;
     std::os::unix::process::CommandExt::process_group(
-        Command::new("bash").arg("-c").arg(watchdog).arg("watchdog").arg(std::process::id().to_string()).arg(program).args(args),
+        Command::new("bash")
+            .arg("-c")
+            .arg(watchdog)
+            .arg("watchdog")
+            .arg(std::process::id().to_string())
+            .arg(program)
+            .args(args),
         0,
     )
     .stdin(Stdio::null())
@@ -588,7 +736,10 @@ fn stop(child: &mut Child) {
 
 impl Drop for ControlPlane {
     fn drop(&mut self) {
-        let mut procs = self.processes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut procs = self
+            .processes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         for p in procs.iter_mut().rev() {
             stop(&mut p.child);
         }
