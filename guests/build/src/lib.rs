@@ -28,9 +28,29 @@ fn is_workspace_manifest(path: &Path) -> bool {
     std::fs::read_to_string(path).is_ok_and(|s| s.contains("[workspace]"))
 }
 
+/// Makes sure the standard library for [`TARGET`] is installed. `rust-toolchain.toml` lists the
+/// target, but rustup only installs listed targets together with a toolchain it installs; on a
+/// machine that already had the toolchain, add it here, as the toolchain file asks.
+fn ensure_target() {
+    let rustc = env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let sysroot = Command::new(&rustc).args(["--print", "sysroot"]).output().ok().map(|o| {
+        PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()).join("lib/rustlib").join(TARGET)
+    });
+    if sysroot.as_ref().is_some_and(|p| p.exists()) {
+        return;
+    }
+    println!("cargo:warning=installing the {TARGET} target that rust-toolchain.toml asks for");
+    let status = Command::new("rustup").args(["target", "add", TARGET]).status();
+    assert!(
+        status.is_ok_and(|s| s.success()),
+        "the {TARGET} target is missing and `rustup target add {TARGET}` failed; install it and build again"
+    );
+}
+
 /// Builds each package and returns the path of its component, in order. Panics (failing the
 /// build script, with cargo's output above) when a build fails.
 pub fn build(packages: &[&str]) -> Vec<PathBuf> {
+    ensure_target();
     let root = workspace_root();
     for watched in ["guests", "wit", "tests/guests", "Cargo.toml", "Cargo.lock"] {
         println!("cargo:rerun-if-changed={}", root.join(watched).display());
