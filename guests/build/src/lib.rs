@@ -33,14 +33,22 @@ fn is_workspace_manifest(path: &Path) -> bool {
 /// machine that already had the toolchain, add it here, as the toolchain file asks.
 fn ensure_target() {
     let rustc = env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
-    let sysroot = Command::new(&rustc).args(["--print", "sysroot"]).output().ok().map(|o| {
-        PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()).join("lib/rustlib").join(TARGET)
-    });
+    let sysroot = Command::new(&rustc)
+        .args(["--print", "sysroot"])
+        .output()
+        .ok()
+        .map(|o| {
+            PathBuf::from(String::from_utf8_lossy(&o.stdout).trim())
+                .join("lib/rustlib")
+                .join(TARGET)
+        });
     if sysroot.as_ref().is_some_and(|p| p.exists()) {
         return;
     }
     println!("cargo:warning=installing the {TARGET} target that rust-toolchain.toml asks for");
-    let status = Command::new("rustup").args(["target", "add", TARGET]).status();
+    let status = Command::new("rustup")
+        .args(["target", "add", TARGET])
+        .status();
     assert!(
         status.is_ok_and(|s| s.success()),
         "the {TARGET} target is missing and `rustup target add {TARGET}` failed; install it and build again"
