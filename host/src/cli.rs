@@ -44,6 +44,38 @@ pub enum Command {
     Render(RenderArgs),
     /// Print the CustomResourceDefinition of every Kind the plugins serve.
     Crds(CrdsArgs),
+    /// Run the operator: reconcile every Kind the plugins serve (in cluster, or with the current
+    /// kubeconfig).
+    Run(RunArgs),
+}
+
+/// `host run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Plugins and limits.
+    #[command(flatten)]
+    pub plugins: PluginArgs,
+    /// Watch only this namespace (default: all).
+    #[arg(long, env = "WATCH_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Where /healthz, /readyz and /metrics are served.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub metrics_addr: std::net::SocketAddr,
+    /// Elect a leader on a coordination.k8s.io Lease, so that several replicas can run.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+    /// The Lease's namespace.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub lease_namespace: String,
+    /// The Lease's name.
+    #[arg(long, default_value = "wasm-operator")]
+    pub lease_name: String,
+    /// This replica's identity in the Lease (default: the pod's name, else host name and pid).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// Reconciliations in flight per Kind.
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: u16,
 }
 
 /// Which plugins to load and how to run them.
@@ -185,6 +217,7 @@ impl Cli {
         let result = match self.command {
             Command::Render(args) => render(&args),
             Command::Crds(args) => crds(&args),
+            Command::Run(args) => run(&args),
         };
         match result {
             Ok(code) => code,
@@ -257,6 +290,55 @@ fn render(args: &RenderArgs) -> Result<ExitCode, Error> {
     }
     emit(&documents::write(&objects, args.output)?)?;
     Ok(ExitCode::SUCCESS)
+}
+
+fn run(args: &RunArgs) -> Result<ExitCode, Error> {
+    let registry = args.plugins.registry()?;
+    let identity = args.identity.clone().unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+        format!("{}-{}", host.trim(), std::process::id())
+    });
+    let settings = crate::operator::Settings {
+        namespace: args.namespace.clone(),
+        metrics_addr: args.metrics_addr,
+        leader_election: args.leader_elect,
+        lease_namespace: args.lease_namespace.clone(),
+        lease_name: args.lease_name.clone(),
+        identity,
+        concurrency: args.concurrency.max(1),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Output(format!("cannot start the async runtime: {e}")))?;
+    let result = runtime.block_on(async move {
+        let client = kube::Client::try_default().await?;
+        crate::operator::run(client, registry, settings, shutdown_signal()).await
+    });
+    match result {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(e) => {
+            eprintln!("error: {e}");
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = ctrl_c => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = ctrl_c.await;
+        }
+    }
+    tracing::info!("shutting down: finishing reconciliations in flight");
 }
 
 fn crds(args: &CrdsArgs) -> Result<ExitCode, Error> {

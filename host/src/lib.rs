@@ -4,12 +4,14 @@
 //! - [`registry`]: which plugin serves which Kind, and the checks every rendered object passes;
 //! - [`documents`]: reading resources from YAML or JSON files and writing manifests;
 //! - [`crd`]: CustomResourceDefinitions from the plugins' own descriptions;
+//! - [`operator`]: `host run`, the controllers;
 //! - [`cli`]: the `host` command.
 
 pub mod cli;
 pub mod crd;
 pub mod documents;
 pub mod error;
+pub mod operator;
 pub mod plugin;
 pub mod registry;
 

@@ -4,6 +4,7 @@ mod cli;
 mod crds;
 mod errors;
 mod judge;
+mod operator;
 mod render;
 mod roundtrip;
 mod sandbox;

@@ -1,0 +1,416 @@
+//! `host run`: the operator.
+//!
+//! One controller per Kind the plugins serve. Each reconciliation renders the resource through its
+//! plugin (in a fresh sandboxed instance), checks every object, and server-side applies it under
+//! one field manager with the host's owner reference and ownership label; children a render no
+//! longer returns are deleted. Child kinds are watched (metadata only, by the ownership label), so
+//! a child deleted or edited by hand brings its owner back to reconcile. Status follows kstatus
+//! (`Ready`, `Reconciling`, `Stalled`, `observedGeneration`); nothing is written when nothing
+//! changed.
+
+pub mod metrics;
+mod reconcile;
+mod status;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::channel::mpsc;
+use kube::api::{Api, DynamicObject, PartialObjectMeta};
+use kube::core::GroupVersionKind;
+use kube::discovery::{ApiResource, Scope, pinned_kind};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::watch;
+
+pub use metrics::Metrics;
+
+use crate::registry::{Registry, split_api_version};
+
+/// The field manager of every apply.
+pub const FIELD_MANAGER: &str = "wasm-operator.dev/host";
+/// The label that ties a child to its owner (the owner's uid).
+pub const OWNER_LABEL: &str = "wasm-operator.dev/owner";
+/// `app.kubernetes.io/managed-by` on every child.
+pub const MANAGED_BY: &str = "wasm-operator";
+
+/// What went wrong running the operator.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The Kubernetes client could not be made or a call failed.
+    #[error("kubernetes: {0}")]
+    Kube(#[from] kube::Error),
+    /// Plugins could not be loaded.
+    #[error(transparent)]
+    Host(#[from] crate::error::Error),
+    /// The metrics server could not start.
+    #[error("metrics server on {addr}: {source}")]
+    Serve {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Leader election failed.
+    #[error("leader election: {0}")]
+    Lease(String),
+    /// No Kind could be served.
+    #[error("no Kind can be served: {0}")]
+    NothingToServe(String),
+}
+
+/// How the operator runs.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Watch only this namespace.
+    pub namespace: Option<String>,
+    /// Where `/healthz`, `/readyz` and `/metrics` are served.
+    pub metrics_addr: SocketAddr,
+    /// Elect a leader on a Lease (for more than one replica).
+    pub leader_election: bool,
+    /// The Lease's namespace.
+    pub lease_namespace: String,
+    /// The Lease's name.
+    pub lease_name: String,
+    /// This replica's identity.
+    pub identity: String,
+    /// Reconciliations in flight per Kind.
+    pub concurrency: u16,
+}
+
+/// A child kind that the cluster serves and that is watched.
+pub(crate) struct ChildKind {
+    pub ar: ApiResource,
+    pub store: Store<PartialObjectMeta<DynamicObject>>,
+}
+
+/// What every controller shares.
+pub(crate) struct Shared {
+    pub client: kube::Client,
+    pub registry: Arc<Registry>,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    /// Child kinds by `group/version/Kind`: `Ok` watched, `Err` why not (not installed, ...).
+    pub children: BTreeMap<String, Result<ChildKind, String>>,
+    /// What each child looked like after our last apply, to skip writes when nothing changed.
+    pub applied: Mutex<BTreeMap<String, reconcile::Applied>>,
+    /// Failures in a row per resource, for backoff.
+    pub failures: Mutex<BTreeMap<String, u32>>,
+}
+
+/// The context of one Kind's controller.
+pub(crate) struct KindCtx {
+    pub shared: Arc<Shared>,
+    pub ar: ApiResource,
+    pub controller: String,
+}
+
+fn gvk_key(api_version: &str, kind: &str) -> String {
+    let (g, v) = split_api_version(api_version);
+    format!("{g}/{v}/{kind}")
+}
+
+/// Runs the operator until `shutdown` resolves (SIGTERM in the binary), then finishes the
+/// reconciliations in flight and steps down.
+pub async fn run(
+    client: kube::Client,
+    registry: Registry,
+    settings: Settings,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    let metrics = Arc::new(Metrics::default());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = {
+        let rx = stop_rx.clone();
+        move || {
+            let mut rx = rx.clone();
+            async move {
+                let _ = rx.wait_for(|s| *s).await;
+            }
+        }
+    };
+    let addr = metrics::serve(settings.metrics_addr, metrics.clone(), stopped())
+        .await
+        .map_err(|source| Error::Serve {
+            addr: settings.metrics_addr,
+            source,
+        })?;
+    tracing::info!(%addr, "serving /healthz, /readyz and /metrics");
+
+    // Leader election: only the leader reconciles; the others wait.
+    let mut leadership = None;
+    if settings.leader_election {
+        let manager =
+            kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &settings.lease_name)
+                .with_namespace(&settings.lease_namespace)
+                .with_identity(&settings.identity)
+                .with_duration(15)
+                .with_grace(5)
+                .with_field_manager(FIELD_MANAGER)
+                .build()
+                .await
+                .map_err(|e| Error::Lease(e.to_string()))?;
+        let (mut is_leader, handle) = manager.watch().await;
+        tracing::info!(identity = %settings.identity, lease = %settings.lease_name, "waiting to lead");
+        metrics.set_ready(true);
+        let mut stop = stop_rx.clone();
+        let elected = tokio::select! {
+            r = is_leader.wait_for(|l| *l) => { r.map(|_| true).map_err(|e| Error::Lease(e.to_string()))? }
+            _ = stop.wait_for(|s| *s) => false,
+        };
+        if !elected {
+            drop(is_leader);
+            let _ = handle.await;
+            return Ok(());
+        }
+        tracing::info!(identity = %settings.identity, "leading");
+        leadership = Some((is_leader, handle));
+    }
+
+    let (shared, writers) = setup(client.clone(), registry, metrics.clone(), &settings).await?;
+    let shared = Arc::new(shared);
+    metrics.set_ready(true);
+
+    // Stop on shutdown, or when another replica takes the lease.
+    let mut lost = leadership.as_ref().map(|(rx, _)| rx.clone());
+    let mut stop = stop_rx.clone();
+    let trigger = async move {
+        match lost.as_mut() {
+            Some(rx) => {
+                tokio::select! {
+                    _ = rx.wait_for(|l| !*l) => tracing::warn!("lost the lease; stopping"),
+                    _ = stop.wait_for(|s| *s) => {}
+                }
+            }
+            None => {
+                let _ = stop.wait_for(|s| *s).await;
+            }
+        }
+    };
+    let (trigger_tx, _) = tokio::sync::broadcast::channel::<()>(1);
+    let trigger_tx2 = trigger_tx.clone();
+    tokio::spawn(async move {
+        trigger.await;
+        let _ = trigger_tx2.send(());
+    });
+
+    let mut controllers = Vec::new();
+    let owners = dispatch_children(&shared, writers, &settings);
+    for (plugin, kind) in shared.registry.kinds() {
+        let gvk = GroupVersionKind::gvk(&kind.group, &kind.versions[0], &kind.kind);
+        let ar = match pinned_kind(&client, &gvk).await {
+            Ok((ar, _)) => ar,
+            Err(e) => {
+                tracing::error!(kind = %kind.kind, group = %kind.group, plugin = %plugin.name(),
+                    "not serving {}.{}: its CRD is not installed ({e}); install crds/", kind.plural, kind.group);
+                continue;
+            }
+        };
+        let api: Api<DynamicObject> = match &settings.namespace {
+            Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+            None => Api::all_with(client.clone(), &ar),
+        };
+        let controller = format!("{}.{}", kind.plural, kind.group);
+        let ctx = Arc::new(KindCtx {
+            shared: shared.clone(),
+            ar: ar.clone(),
+            controller: controller.clone(),
+        });
+        let rx = owners.lock().map(|mut o| {
+            let (tx, rx) = mpsc::unbounded();
+            o.insert(format!("{}/{}", ar.api_version, ar.kind), tx);
+            rx
+        });
+        let Ok(rx) = rx else { continue };
+        let mut stop = trigger_tx.subscribe();
+        let run = Controller::new_with(api, watcher::Config::default().any_semantic(), ar.clone())
+            .with_config(
+                kube::runtime::controller::Config::default()
+                    .concurrency(settings.concurrency)
+                    .debounce(Duration::from_millis(100)),
+            )
+            .reconcile_on(rx)
+            .graceful_shutdown_on(async move {
+                let _ = stop.recv().await;
+            })
+            .run(reconcile::reconcile, reconcile::error_policy, ctx)
+            .for_each(|_| futures::future::ready(()));
+        tracing::info!(%controller, plugin = %plugin.name(), "controller started");
+        controllers.push(tokio::spawn(run));
+    }
+    if controllers.is_empty() {
+        return Err(Error::NothingToServe(
+            "no CRD of any Kind the plugins serve is installed".into(),
+        ));
+    }
+    for c in controllers {
+        let _ = c.await;
+    }
+    metrics.set_ready(false);
+    if let Some((rx, handle)) = leadership {
+        let lost = !*rx.borrow();
+        drop(rx);
+        let _ = handle.await;
+        tracing::info!("stepped down");
+        if lost && !*stop_rx.borrow() {
+            return Err(Error::Lease("another replica took the lease".into()));
+        }
+    }
+    Ok(())
+}
+
+/// Discovers the child kinds and starts a metadata watch (by the ownership label) for each one
+/// the cluster serves.
+async fn setup(
+    client: kube::Client,
+    registry: Registry,
+    metrics: Arc<Metrics>,
+    settings: &Settings,
+) -> Result<(Shared, Vec<Writer>), Error> {
+    let mut children = BTreeMap::new();
+    let mut writers = Vec::new();
+    for plugin in registry.plugins() {
+        for child in &plugin.info().children {
+            let api_version = if child.group.is_empty() {
+                child.version.clone()
+            } else {
+                format!("{}/{}", child.group, child.version)
+            };
+            let key = gvk_key(&api_version, &child.kind);
+            if children.contains_key(&key) {
+                continue;
+            }
+            let gvk = GroupVersionKind::gvk(&child.group, &child.version, &child.kind);
+            let entry = match pinned_kind(&client, &gvk).await {
+                Ok((_, caps)) if caps.scope != Scope::Namespaced => {
+                    Err(format!("{} is cluster-scoped", child.kind))
+                }
+                Ok((ar, _)) => {
+                    let writer = reflector::store::Writer::<PartialObjectMeta<DynamicObject>>::new(
+                        ar.clone(),
+                    );
+                    let store = writer.as_reader();
+                    writers.push((ar.clone(), writer));
+                    Ok(ChildKind { ar, store })
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 => Err(format!(
+                    "the API server does not serve {api_version} {} (is its CRD installed?)",
+                    child.kind
+                )),
+                Err(e) => Err(format!(
+                    "discovery of {api_version} {} failed: {e}",
+                    child.kind
+                )),
+            };
+            if let Err(why) = &entry {
+                tracing::warn!(kind = %child.kind, "children of this kind will be skipped: {why}");
+            }
+            children.insert(key, entry);
+        }
+    }
+    let reporter = Reporter {
+        controller: FIELD_MANAGER.to_owned(),
+        instance: Some(settings.identity.clone()),
+    };
+    let shared = Shared {
+        recorder: Recorder::new(client.clone(), reporter),
+        client,
+        registry: Arc::new(registry),
+        metrics,
+        children,
+        applied: Mutex::new(BTreeMap::new()),
+        failures: Mutex::new(BTreeMap::new()),
+    };
+    Ok((shared, writers))
+}
+
+type Writer = (
+    ApiResource,
+    reflector::store::Writer<PartialObjectMeta<DynamicObject>>,
+);
+
+type Owners = Arc<Mutex<BTreeMap<String, mpsc::UnboundedSender<ObjectRef<DynamicObject>>>>>;
+
+/// Watches every served child kind (metadata only, by the ownership label), keeps the caches
+/// the reconciler prunes from, and sends each change to the controller of the child's owner.
+fn dispatch_children(shared: &Arc<Shared>, writers: Vec<Writer>, settings: &Settings) -> Owners {
+    let owners: Owners = Arc::new(Mutex::new(BTreeMap::new()));
+    for (child_ar, writer) in writers {
+        // Metadata only: children can be large, and only their metadata is needed here.
+        let api: Api<PartialObjectMeta<DynamicObject>> = match &settings.namespace {
+            Some(ns) => Api::namespaced_with(shared.client.clone(), ns, &child_ar),
+            None => Api::all_with(shared.client.clone(), &child_ar),
+        };
+        let config = watcher::Config::default()
+            .labels(OWNER_LABEL)
+            .any_semantic();
+        let stream = reflector::reflector(writer, watcher(api, config)).default_backoff();
+        let owners = owners.clone();
+        let known = shared
+            .registry
+            .kinds()
+            .map(|(_, k)| (k.group.clone(), k.kind.clone()))
+            .collect::<Vec<_>>();
+        tokio::spawn(async move {
+            futures::pin_mut!(stream);
+            while let Some(event) = stream.next().await {
+                let objects = match event {
+                    Ok(watcher::Event::Apply(o) | watcher::Event::Delete(o)) => vec![o],
+                    Ok(_) => continue,
+                    Err(e) => {
+                        tracing::debug!("child watch: {e}");
+                        continue;
+                    }
+                };
+                for o in objects {
+                    let ns = o.metadata.namespace.clone();
+                    for owner in o
+                        .metadata
+                        .owner_references
+                        .iter()
+                        .flatten()
+                        .filter(|r| r.controller == Some(true))
+                    {
+                        let (g, _) = split_api_version(&owner.api_version);
+                        if !known.iter().any(|(kg, kk)| kg == g && *kk == owner.kind) {
+                            continue;
+                        }
+                        let key = format!("{}/{}", owner.api_version, owner.kind);
+                        if let Ok(map) = owners.lock() {
+                            if let Some(tx) = map.get(&key) {
+                                let (group, version) = split_api_version(&owner.api_version);
+                                let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
+                                    group,
+                                    version,
+                                    &owner.kind,
+                                ));
+                                let mut r = ObjectRef::new_with(&owner.name, ar);
+                                if let Some(ns) = &ns {
+                                    r = r.within(ns);
+                                }
+                                let _ = tx.unbounded_send(r);
+                            }
+                        }
+                    }
+                }
+            }
+        });
+    }
+    owners
+}
+
+/// How long to wait after the `n`th failure in a row: 1 s doubling to 5 minutes.
+pub(crate) fn backoff(n: u32) -> Action {
+    let secs = 1u64.checked_shl(n.min(9)).unwrap_or(300).min(300);
+    Action::requeue(Duration::from_secs(secs))
+}

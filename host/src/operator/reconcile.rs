@@ -1,0 +1,501 @@
+//! One reconciliation: render, check, apply, prune, report.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
+use serde_json::{Value, json};
+
+use super::metrics::{ControllerLabels, FailureLabels, Metrics, PluginLabels, ResultLabels};
+use super::status::{self, Child, Outcome, Skipped};
+use super::{FIELD_MANAGER, KindCtx, MANAGED_BY, OWNER_LABEL, backoff, gvk_key};
+use crate::types::Resource as PluginResource;
+
+/// How often a resource is rendered again with no event (a resync).
+const RESYNC: Duration = Duration::from_secs(600);
+
+/// What a child looked like after our last apply of it.
+#[derive(Debug, Clone)]
+pub(crate) struct Applied {
+    hash: u64,
+    generation: Option<i64>,
+    resource_version: Option<String>,
+}
+
+/// Why a reconciliation failed (it is retried with backoff).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ReconcileError {
+    /// A call to the API server failed.
+    #[error("{0}")]
+    Kube(#[from] kube::Error),
+    /// The render task died.
+    #[error("render task: {0}")]
+    Join(String),
+}
+
+/// Runs one reconciliation with metrics around it.
+pub(crate) async fn reconcile(
+    obj: Arc<DynamicObject>,
+    ctx: Arc<KindCtx>,
+) -> Result<Action, ReconcileError> {
+    let labels = ControllerLabels {
+        controller: ctx.controller.clone(),
+    };
+    let metrics = &ctx.shared.metrics;
+    metrics.active_workers.get_or_create(&labels).inc();
+    let started = Instant::now();
+    let result = reconcile_inner(&obj, &ctx).await;
+    Metrics::observe(
+        &metrics.reconcile_time.get_or_create(&labels),
+        started.elapsed(),
+    );
+    metrics.active_workers.get_or_create(&labels).dec();
+    let key = format!(
+        "{}/{}/{}",
+        ctx.controller,
+        obj.namespace().unwrap_or_default(),
+        obj.name_any()
+    );
+    let outcome = match &result {
+        Ok(_) => {
+            if let Ok(mut f) = ctx.shared.failures.lock() {
+                f.remove(&key);
+            }
+            "success"
+        }
+        Err(e) => {
+            tracing::warn!(controller = %ctx.controller, resource = %key, "reconcile failed: {e}");
+            metrics.reconcile_errors.get_or_create(&labels).inc();
+            "error"
+        }
+    };
+    metrics
+        .reconcile_total
+        .get_or_create(&ResultLabels {
+            controller: ctx.controller.clone(),
+            result: outcome.to_owned(),
+        })
+        .inc();
+    result
+}
+
+/// Retries a failed reconciliation: 1 s, doubling to 5 minutes, per resource.
+pub(crate) fn error_policy(
+    obj: Arc<DynamicObject>,
+    _e: &ReconcileError,
+    ctx: Arc<KindCtx>,
+) -> Action {
+    let key = format!(
+        "{}/{}/{}",
+        ctx.controller,
+        obj.namespace().unwrap_or_default(),
+        obj.name_any()
+    );
+    let n = ctx.shared.failures.lock().map_or(0, |mut f| {
+        let n = f.entry(key).or_insert(0);
+        *n += 1;
+        *n
+    });
+    backoff(n)
+}
+
+fn plugin_resource(obj: &DynamicObject, ctx: &KindCtx) -> PluginResource {
+    let meta = &obj.metadata;
+    let map = |m: &Option<BTreeMap<String, String>>| m.clone().unwrap_or_default();
+    PluginResource {
+        api_version: ctx.ar.api_version.clone(),
+        kind: ctx.ar.kind.clone(),
+        name: obj.name_any(),
+        namespace: obj.namespace().unwrap_or_default(),
+        uid: meta.uid.clone().unwrap_or_default(),
+        generation: meta.generation.unwrap_or(0),
+        labels: map(&meta.labels),
+        annotations: map(&meta.annotations),
+        spec: obj
+            .data
+            .get("spec")
+            .filter(|s| s.is_object())
+            .cloned()
+            .unwrap_or_else(|| json!({})),
+    }
+}
+
+fn hash(v: &Value) -> u64 {
+    let mut h = DefaultHasher::new();
+    v.to_string().hash(&mut h);
+    h.finish()
+}
+
+/// Adds what the host owns on every child: the controller owner reference, the ownership label
+/// and `managed-by`.
+fn stamp(child: &mut Value, owner: &DynamicObject, ctx: &KindCtx) {
+    let uid = owner.metadata.uid.clone().unwrap_or_default();
+    let meta = &mut child["metadata"];
+    if !meta["labels"].is_object() {
+        meta["labels"] = json!({});
+    }
+    meta["labels"][OWNER_LABEL] = uid.clone().into();
+    meta["labels"]["app.kubernetes.io/managed-by"] = MANAGED_BY.into();
+    meta["ownerReferences"] = json!([{
+        "apiVersion": ctx.ar.api_version,
+        "kind": ctx.ar.kind,
+        "name": owner.name_any(),
+        "uid": uid,
+        "controller": true,
+        "blockOwnerDeletion": true,
+    }]);
+}
+
+/// Whether the live child still is what we last applied: same desired object, our labels and
+/// annotations in place, our owner reference, and no spec change since (its generation, or its
+/// resourceVersion for kinds without one).
+fn unchanged(
+    desired: &Value,
+    hash: u64,
+    applied: Option<&Applied>,
+    live: Option<&kube::api::PartialObjectMeta<DynamicObject>>,
+) -> bool {
+    let (Some(applied), Some(live)) = (applied, live) else {
+        return false;
+    };
+    if applied.hash != hash {
+        return false;
+    }
+    let subset = |want: &Value, have: &Option<BTreeMap<String, String>>| {
+        want.as_object().is_none_or(|w| {
+            w.iter().all(|(k, v)| {
+                have.as_ref().and_then(|h| h.get(k)).map(String::as_str) == v.as_str()
+            })
+        })
+    };
+    if !subset(&desired["metadata"]["labels"], &live.metadata.labels)
+        || !subset(
+            &desired["metadata"]["annotations"],
+            &live.metadata.annotations,
+        )
+    {
+        return false;
+    }
+    let uid = desired["metadata"]["ownerReferences"][0]["uid"].as_str();
+    if !live
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|r| Some(r.uid.as_str()) == uid && r.controller == Some(true))
+    {
+        return false;
+    }
+    match applied.generation {
+        Some(g) => live.metadata.generation == Some(g),
+        None => live.metadata.resource_version == applied.resource_version,
+    }
+}
+
+async fn publish(ctx: &KindCtx, obj: &DynamicObject, type_: EventType, reason: &str, note: String) {
+    ctx.shared.metrics.write("event", "events.events.k8s.io");
+    let event = Event {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(note),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx
+        .shared
+        .recorder
+        .publish(&event, &obj.object_ref(&ctx.ar))
+        .await
+    {
+        tracing::debug!("event not recorded: {e}");
+    }
+}
+
+/// Writes status when it differs from the current one; returns whether it changed.
+async fn write_status(
+    ctx: &KindCtx,
+    obj: &DynamicObject,
+    desired: Value,
+) -> Result<bool, kube::Error> {
+    let current = obj.data.get("status");
+    let comparable = |v: &Value| {
+        let mut v = v.clone();
+        if let Some(conds) = v.get_mut("conditions").and_then(Value::as_array_mut) {
+            for c in conds {
+                if let Some(c) = c.as_object_mut() {
+                    c.remove("lastTransitionTime");
+                }
+            }
+        }
+        v
+    };
+    if status::same(&comparable(&desired), current.map(comparable).as_ref()) {
+        return Ok(false);
+    }
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        ctx.shared.client.clone(),
+        &obj.namespace().unwrap_or_default(),
+        &ctx.ar,
+    );
+    ctx.shared.metrics.write("apply_status", &ctx.controller);
+    let patch = json!({ "apiVersion": ctx.ar.api_version, "kind": ctx.ar.kind, "status": desired });
+    api.patch_status(
+        &obj.name_any(),
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
+    Ok(true)
+}
+
+async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, ReconcileError> {
+    if obj.metadata.deletion_timestamp.is_some() {
+        // The garbage collector removes the children through their owner references.
+        return Ok(Action::await_change());
+    }
+    let shared = &ctx.shared;
+    let resource = plugin_resource(obj, ctx);
+    let generation = resource.generation;
+    let (plugin_name, plugin_id) = match shared
+        .registry
+        .lookup(&resource.api_version, &resource.kind)
+    {
+        Ok((p, _)) => (
+            p.name().to_owned(),
+            format!("{}@{} ({})", p.name(), p.info().version, &p.sha256()[..12]),
+        ),
+        Err(e) => (String::new(), e.to_string()),
+    };
+
+    // Render in a blocking task: the sandbox is synchronous and CPU-bound.
+    let registry = shared.registry.clone();
+    let started = Instant::now();
+    let to_render = resource.clone();
+    let rendered = tokio::task::spawn_blocking(move || registry.render(&to_render))
+        .await
+        .map_err(|e| ReconcileError::Join(e.to_string()))?;
+    Metrics::observe(
+        &shared.metrics.render_time.get_or_create(&PluginLabels {
+            plugin: plugin_name.clone(),
+        }),
+        started.elapsed(),
+    );
+
+    let objects = match rendered {
+        Ok(objects) => objects,
+        Err(e) => {
+            shared
+                .metrics
+                .render_failures
+                .get_or_create(&FailureLabels {
+                    plugin: plugin_name,
+                    reason: e.reason().to_owned(),
+                })
+                .inc();
+            let outcome = Outcome::Stalled {
+                reason: e.reason().to_owned(),
+                message: e.to_string(),
+                children: vec![],
+                skipped: vec![],
+            };
+            if write_status(
+                ctx,
+                obj,
+                status::status(&outcome, generation, obj.data.get("status"), &plugin_id),
+            )
+            .await?
+            {
+                publish(ctx, obj, EventType::Warning, e.reason(), e.to_string()).await;
+            }
+            // Nothing changes until the spec (or the plugin) does; look again now and then.
+            return Ok(Action::requeue(RESYNC));
+        }
+    };
+
+    let namespace = resource.namespace.clone();
+    let uid = resource.uid.clone();
+    let mut children = Vec::new();
+    let mut skipped = Vec::new();
+    let mut failures = Vec::new();
+    let mut desired_names = BTreeSet::new();
+    for mut child in objects {
+        let api_version = child["apiVersion"].as_str().unwrap_or_default().to_owned();
+        let kind = child["kind"].as_str().unwrap_or_default().to_owned();
+        let name = child["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let key = gvk_key(&api_version, &kind);
+        let served = match shared.children.get(&key) {
+            Some(Ok(c)) => c,
+            Some(Err(why)) => {
+                skipped.push(Skipped {
+                    api_version,
+                    kind,
+                    name,
+                    reason: why.clone(),
+                });
+                continue;
+            }
+            None => {
+                skipped.push(Skipped {
+                    api_version,
+                    kind,
+                    name,
+                    reason: "not a declared child kind".into(),
+                });
+                continue;
+            }
+        };
+        desired_names.insert(format!("{key}/{name}"));
+        stamp(&mut child, obj, ctx);
+        let h = hash(&child);
+        let cache_key = format!("{uid}/{key}/{name}");
+        let live = served
+            .store
+            .get(&ObjectRef::new_with(&name, served.ar.clone()).within(&namespace));
+        let previous = shared
+            .applied
+            .lock()
+            .ok()
+            .and_then(|a| a.get(&cache_key).cloned());
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(shared.client.clone(), &namespace, &served.ar);
+        let resource_name = format!("{}.{}", served.ar.plural, served.ar.group);
+        let needs_live_status = matches!(kind.as_str(), "Deployment" | "StatefulSet");
+        let live_object = if unchanged(&child, h, previous.as_ref(), live.as_deref()) {
+            if needs_live_status {
+                api.get_opt(&name).await?
+            } else {
+                None
+            }
+        } else {
+            shared.metrics.write("apply", &resource_name);
+            match api
+                .patch(
+                    &name,
+                    &PatchParams::apply(FIELD_MANAGER).force(),
+                    &Patch::Apply(&child),
+                )
+                .await
+            {
+                Ok(out) => {
+                    let record = Applied {
+                        hash: h,
+                        generation: out.metadata.generation,
+                        resource_version: out.metadata.resource_version.clone(),
+                    };
+                    if let Ok(mut a) = shared.applied.lock() {
+                        a.insert(cache_key, record);
+                    }
+                    if previous.is_none_or(|p| p.hash != h) || live.is_none() {
+                        publish(
+                            ctx,
+                            obj,
+                            EventType::Normal,
+                            "Applied",
+                            format!("applied {kind} {name}"),
+                        )
+                        .await;
+                    }
+                    Some(out)
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 => {
+                    skipped.push(Skipped {
+                        api_version,
+                        kind,
+                        name,
+                        reason: format!("the API server does not serve it: {}", s.message),
+                    });
+                    continue;
+                }
+                Err(kube::Error::Api(s))
+                    if (400..500).contains(&s.code) && s.code != 409 && s.code != 429 =>
+                {
+                    failures.push(format!("{kind} {name}: {}", s.message));
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        let live_value = live_object.map(|o| serde_json::to_value(o).unwrap_or_default());
+        let (ready, message) = status::child_ready(&kind, live_value.as_ref());
+        children.push(Child {
+            api_version,
+            kind,
+            name,
+            ready,
+            message,
+        });
+    }
+
+    // Prune what this render no longer returns.
+    for (key, served) in shared
+        .children
+        .iter()
+        .filter_map(|(k, c)| c.as_ref().ok().map(|c| (k, c)))
+    {
+        for m in served.store.state() {
+            let mine = m.metadata.labels.as_ref().and_then(|l| l.get(OWNER_LABEL)) == Some(&uid)
+                && m.metadata.namespace.as_deref() == Some(namespace.as_str());
+            let name = m.name_any();
+            if !mine
+                || desired_names.contains(&format!("{key}/{name}"))
+                || m.metadata.deletion_timestamp.is_some()
+            {
+                continue;
+            }
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(shared.client.clone(), &namespace, &served.ar);
+            shared.metrics.write(
+                "delete",
+                &format!("{}.{}", served.ar.plural, served.ar.group),
+            );
+            match api.delete(&name, &DeleteParams::background()).await {
+                Ok(_) | Err(kube::Error::Api(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+            if let Ok(mut a) = shared.applied.lock() {
+                a.remove(&format!("{uid}/{key}/{name}"));
+            }
+            publish(
+                ctx,
+                obj,
+                EventType::Normal,
+                "Pruned",
+                format!(
+                    "deleted {} {name}: the render no longer returns it",
+                    served.ar.kind
+                ),
+            )
+            .await;
+        }
+    }
+
+    let outcome = if failures.is_empty() {
+        Outcome::Applied { children, skipped }
+    } else {
+        Outcome::Stalled {
+            reason: "ApplyFailed".into(),
+            message: failures.join("; "),
+            children,
+            skipped,
+        }
+    };
+    let changed = write_status(
+        ctx,
+        obj,
+        status::status(&outcome, generation, obj.data.get("status"), &plugin_id),
+    )
+    .await?;
+    if let (true, Outcome::Stalled { message, .. }) = (changed, &outcome) {
+        publish(ctx, obj, EventType::Warning, "ApplyFailed", message.clone()).await;
+    }
+    Ok(Action::requeue(RESYNC))
+}
