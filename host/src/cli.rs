@@ -208,7 +208,12 @@ impl Cli {
     /// Parses the arguments and runs.
     pub fn parse_and_run() -> ExitCode {
         let cli = Self::parse();
-        init_logging(cli.log_format);
+        let default = if matches!(cli.command, Command::Run(_)) {
+            "info,kube=warn"
+        } else {
+            "warn"
+        };
+        init_logging(cli.log_format, default);
         cli.run()
     }
 
@@ -229,10 +234,10 @@ impl Cli {
     }
 }
 
-/// Sets up tracing on stderr, filtered by `RUST_LOG` (default `warn`).
-pub fn init_logging(format: LogFormat) {
+/// Sets up tracing on stderr, filtered by `RUST_LOG` (else `default`).
+pub fn init_logging(format: LogFormat, default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -386,20 +386,20 @@ fn dispatch_children(shared: &Arc<Shared>, writers: Vec<Writer>, settings: &Sett
                             continue;
                         }
                         let key = format!("{}/{}", owner.api_version, owner.kind);
-                        if let Ok(map) = owners.lock() {
-                            if let Some(tx) = map.get(&key) {
-                                let (group, version) = split_api_version(&owner.api_version);
-                                let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
-                                    group,
-                                    version,
-                                    &owner.kind,
-                                ));
-                                let mut r = ObjectRef::new_with(&owner.name, ar);
-                                if let Some(ns) = &ns {
-                                    r = r.within(ns);
-                                }
-                                let _ = tx.unbounded_send(r);
+                        if let Ok(map) = owners.lock()
+                            && let Some(tx) = map.get(&key)
+                        {
+                            let (group, version) = split_api_version(&owner.api_version);
+                            let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
+                                group,
+                                version,
+                                &owner.kind,
+                            ));
+                            let mut r = ObjectRef::new_with(&owner.name, ar);
+                            if let Some(ns) = &ns {
+                                r = r.within(ns);
                             }
+                            let _ = tx.unbounded_send(r);
                         }
                     }
                 }

@@ -320,10 +320,10 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
 
     let namespace = resource.namespace.clone();
     let uid = resource.uid.clone();
-    let mut children = Vec::new();
     let mut skipped = Vec::new();
-    let mut failures = Vec::new();
     let mut desired_names = BTreeSet::new();
+    // First decide, per child, whether it must be written; then do every write at once.
+    let mut work = Vec::new();
     for mut child in objects {
         let api_version = child["apiVersion"].as_str().unwrap_or_default().to_owned();
         let kind = child["kind"].as_str().unwrap_or_default().to_owned();
@@ -365,27 +365,61 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
             .lock()
             .ok()
             .and_then(|a| a.get(&cache_key).cloned());
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(shared.client.clone(), &namespace, &served.ar);
-        let resource_name = format!("{}.{}", served.ar.plural, served.ar.group);
-        let needs_live_status = matches!(kind.as_str(), "Deployment" | "StatefulSet");
-        let live_object = if unchanged(&child, h, previous.as_ref(), live.as_deref()) {
-            if needs_live_status {
-                api.get_opt(&name).await?
-            } else {
-                None
+        let skip = unchanged(&child, h, previous.as_ref(), live.as_deref());
+        let changed = previous.is_none_or(|p| p.hash != h) || live.is_none();
+        work.push((
+            api_version,
+            kind,
+            name,
+            served,
+            child,
+            h,
+            cache_key,
+            skip,
+            changed,
+        ));
+    }
+    let calls = work
+        .iter()
+        .map(|(_, kind, name, served, child, _, _, skip, _)| {
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(shared.client.clone(), &namespace, &served.ar);
+            let needs_live_status = matches!(kind.as_str(), "Deployment" | "StatefulSet");
+            if !*skip {
+                shared.metrics.write(
+                    "apply",
+                    &format!("{}.{}", served.ar.plural, served.ar.group),
+                );
             }
-        } else {
-            shared.metrics.write("apply", &resource_name);
-            match api
-                .patch(
-                    &name,
-                    &PatchParams::apply(FIELD_MANAGER).force(),
-                    &Patch::Apply(&child),
-                )
-                .await
-            {
-                Ok(out) => {
+            async move {
+                if *skip {
+                    if needs_live_status {
+                        api.get_opt(name).await
+                    } else {
+                        Ok(None)
+                    }
+                } else {
+                    api.patch(
+                        name,
+                        &PatchParams::apply(FIELD_MANAGER).force(),
+                        &Patch::Apply(child),
+                    )
+                    .await
+                    .map(Some)
+                }
+            }
+        });
+    let results = futures::future::join_all(calls).await;
+
+    let mut children = Vec::new();
+    let mut failures = Vec::new();
+    let mut applied_now = Vec::new();
+    for ((api_version, kind, name, _, _, h, cache_key, skip, changed), result) in
+        work.into_iter().zip(results)
+    {
+        let live_object = match result {
+            Ok(out) => {
+                if let (false, Some(out)) = (skip, &out) {
                     let record = Applied {
                         hash: h,
                         generation: out.metadata.generation,
@@ -394,35 +428,28 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
                     if let Ok(mut a) = shared.applied.lock() {
                         a.insert(cache_key, record);
                     }
-                    if previous.is_none_or(|p| p.hash != h) || live.is_none() {
-                        publish(
-                            ctx,
-                            obj,
-                            EventType::Normal,
-                            "Applied",
-                            format!("applied {kind} {name}"),
-                        )
-                        .await;
+                    if changed {
+                        applied_now.push(format!("{kind} {name}"));
                     }
-                    Some(out)
                 }
-                Err(kube::Error::Api(s)) if s.code == 404 => {
-                    skipped.push(Skipped {
-                        api_version,
-                        kind,
-                        name,
-                        reason: format!("the API server does not serve it: {}", s.message),
-                    });
-                    continue;
-                }
-                Err(kube::Error::Api(s))
-                    if (400..500).contains(&s.code) && s.code != 409 && s.code != 429 =>
-                {
-                    failures.push(format!("{kind} {name}: {}", s.message));
-                    continue;
-                }
-                Err(e) => return Err(e.into()),
+                out
             }
+            Err(kube::Error::Api(s)) if s.code == 404 && !skip => {
+                skipped.push(Skipped {
+                    api_version,
+                    kind,
+                    name,
+                    reason: format!("the API server does not serve it: {}", s.message),
+                });
+                continue;
+            }
+            Err(kube::Error::Api(s))
+                if (400..500).contains(&s.code) && s.code != 409 && s.code != 429 && !skip =>
+            {
+                failures.push(format!("{kind} {name}: {}", s.message));
+                continue;
+            }
+            Err(e) => return Err(e.into()),
         };
         let live_value = live_object.map(|o| serde_json::to_value(o).unwrap_or_default());
         let (ready, message) = status::child_ready(&kind, live_value.as_ref());
@@ -433,6 +460,16 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
             ready,
             message,
         });
+    }
+    if !applied_now.is_empty() {
+        publish(
+            ctx,
+            obj,
+            EventType::Normal,
+            "Applied",
+            format!("applied {}", applied_now.join(", ")),
+        )
+        .await;
     }
 
     // Prune what this render no longer returns.

@@ -21,6 +21,25 @@ struct Operator {
 impl Operator {
     async fn start(cp: &ControlPlane, namespace: &str, group: &str, extra: &[PathBuf]) -> Self {
         let client = cp.client().await.unwrap();
+        Self::start_with(
+            client,
+            Some(namespace),
+            namespace,
+            &format!("test-{namespace}"),
+            group,
+            extra,
+        )
+        .await
+    }
+
+    async fn start_with(
+        client: kube::Client,
+        watch: Option<&str>,
+        lease_namespace: &str,
+        identity: &str,
+        group: &str,
+        extra: &[PathBuf],
+    ) -> Self {
         let runtime = host::plugin::Runtime::new(
             host::plugin::Limits {
                 deadline: Duration::from_millis(500),
@@ -41,12 +60,12 @@ impl Operator {
             .port();
         let metrics: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         let settings = host::operator::Settings {
-            namespace: Some(namespace.to_owned()),
+            namespace: watch.map(str::to_owned),
             metrics_addr: metrics,
             leader_election: true,
-            lease_namespace: namespace.to_owned(),
+            lease_namespace: lease_namespace.to_owned(),
             lease_name: "wasm-operator".to_owned(),
-            identity: format!("test-{namespace}"),
+            identity: identity.to_owned(),
             concurrency: 4,
         };
         let (tx, rx) = tokio::sync::oneshot::channel();
@@ -470,4 +489,194 @@ async fn facades_kvclusters_and_another_api_group() {
         assert_eq!(pod["status"]["phase"], "Running");
     }
     op.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_with_its_rbac_skips_missing_crds_and_survives_an_api_server_restart() {
+    // A control plane of its own: only our CRDs, and it gets restarted.
+    let cp = ControlPlane::start().unwrap();
+    let _logs = cp.logs_on_failure();
+    let root = crate::support::root();
+    for args in [
+        vec!["apply", "-f", "crds/"],
+        vec![
+            "apply",
+            "-f",
+            "deploy/namespace.yaml",
+            "-f",
+            "deploy/rbac.yaml",
+        ],
+        vec![
+            "apply",
+            "--dry-run=server",
+            "--validate=strict",
+            "-f",
+            "deploy/deployment.yaml",
+        ],
+        vec![
+            "wait",
+            "--for=condition=Established",
+            "crd",
+            "--all",
+            "--timeout=60s",
+        ],
+    ] {
+        let args: Vec<String> = args
+            .iter()
+            .map(|a| {
+                if a.ends_with('/') || a.ends_with(".yaml") {
+                    root.join(a).display().to_string()
+                } else {
+                    (*a).to_owned()
+                }
+            })
+            .collect();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (ok, out) = kubectl(&cp, &args);
+        assert!(ok, "kubectl {args:?}: {out}");
+    }
+    let admin = cp.client().await.unwrap();
+    let ns = cp.namespace(&admin, "app").await.unwrap();
+    // The operator acts as its ServiceAccount, bound by deploy/rbac.yaml only.
+    let client = cp
+        .service_account_client(&admin, "wasm-operator", "wasm-operator")
+        .await
+        .unwrap();
+    let op =
+        Operator::start_with(client, None, "wasm-operator", "replica-a", "hanzo.ai", &[]).await;
+
+    let monitored = WEB.replace(
+        "  ingress: { hosts: [web.example.com] }\n",
+        "  serviceMonitor: { port: http }\n  kmsSecrets: [{ managedSecretName: web-secrets }]\n",
+    );
+    apply(&cp, &ns, &monitored);
+    let (ok, out) = kubectl(
+        &cp,
+        &[
+            "wait",
+            "-n",
+            &ns,
+            "--for=condition=Ready",
+            "services.hanzo.ai/web",
+            "--timeout=90s",
+        ],
+    );
+    assert!(
+        ok,
+        "{out}\n{}",
+        kubectl(
+            &cp,
+            &["get", "-n", &ns, "services.hanzo.ai/web", "-o", "yaml"]
+        )
+        .1
+    );
+    let web = get(&cp, &ns, "services.hanzo.ai/web").unwrap();
+    let skipped: Vec<String> = web["status"]["skipped"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            format!(
+                "{} {}",
+                s["kind"].as_str().unwrap(),
+                s["reason"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(skipped.len(), 2, "{skipped:?}");
+    assert!(
+        skipped
+            .iter()
+            .any(|s| s.starts_with("ServiceMonitor") && s.contains("CRD")),
+        "{skipped:?}"
+    );
+    assert!(
+        skipped.iter().any(|s| s.starts_with("KMSSecret")),
+        "{skipped:?}"
+    );
+    assert!(
+        condition(&web, "Ready").2.contains("2 skipped"),
+        "{:?}",
+        condition(&web, "Ready")
+    );
+
+    // Change the spec and kill the API server while the operator works on it.
+    apply(&cp, &ns, &monitored.replace("replicas: 2", "replicas: 4"));
+    tokio::task::block_in_place(|| cp.restart_apiserver(Duration::from_secs(3))).unwrap();
+    eventually(
+        "the operator to converge after the restart",
+        Duration::from_secs(90),
+        || {
+            let d = get(&cp, &ns, "deployment/web");
+            let w = get(&cp, &ns, "services.hanzo.ai/web");
+            d.is_some_and(|d| d["spec"]["replicas"] == 4)
+                && w.is_some_and(|w| {
+                    w["status"]["observedGeneration"] == w["metadata"]["generation"]
+                        && condition(&w, "Ready").0 == "True"
+                })
+        },
+    )
+    .await;
+    op.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_share_one_lease() {
+    let cp = cluster();
+    let _logs = cp.logs_on_failure();
+    let client = cp.client().await.unwrap();
+    let ns = cp.namespace(&client, "lease").await.unwrap();
+    let a = Operator::start_with(
+        cp.client().await.unwrap(),
+        Some(&ns),
+        &ns,
+        "replica-a",
+        "hanzo.ai",
+        &[],
+    )
+    .await;
+    apply(cp, &ns, WEB);
+    let (ok, out) = kubectl(
+        cp,
+        &[
+            "wait",
+            "-n",
+            &ns,
+            "--for=condition=Ready",
+            "services.hanzo.ai/web",
+            "--timeout=90s",
+        ],
+    );
+    assert!(ok, "{out}");
+    let b = Operator::start_with(
+        cp.client().await.unwrap(),
+        Some(&ns),
+        &ns,
+        "replica-b",
+        "hanzo.ai",
+        &[],
+    )
+    .await;
+    let holder = || {
+        get(cp, &ns, "lease/wasm-operator")
+            .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_owned))
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(holder().as_deref(), Some("replica-a"));
+    assert_eq!(b.writes(), 0.0, "the standby replica wrote");
+
+    // The leader steps down on shutdown; the standby takes over and reconciles.
+    a.stop().await;
+    eventually(
+        "replica-b to take the lease",
+        Duration::from_secs(30),
+        || holder().as_deref() == Some("replica-b"),
+    )
+    .await;
+    apply(cp, &ns, &WEB.replace("replicas: 2", "replicas: 1"));
+    eventually("replica-b to reconcile", Duration::from_secs(30), || {
+        get(cp, &ns, "deployment/web").is_some_and(|d| d["spec"]["replicas"] == 1)
+    })
+    .await;
+    b.stop().await;
 }

@@ -176,7 +176,7 @@ fn pki() -> Result<Pki> {
         .push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)));
     server
         .subject_alt_names
-        .push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))));
+        .push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::new(10, 96, 0, 1))));
     server
         .distinguished_name
         .push(DnType::CommonName, "kube-apiserver");
@@ -382,7 +382,7 @@ impl ControlPlane {
             format!("--service-account-key-file={}", p(&sa_pub)),
             format!("--service-account-signing-key-file={}", p(&sa_key)),
             "--service-account-issuer=https://kubernetes.default.svc".into(),
-            "--service-cluster-ip-range=10.0.0.0/24".into(),
+            "--service-cluster-ip-range=10.96.0.0/16".into(),
             "--authorization-mode=RBAC".into(),
             "--endpoint-reconciler-type=none".into(),
             "--allow-privileged=true".into(),
