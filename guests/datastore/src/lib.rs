@@ -171,44 +171,22 @@ pub const DEFAULT_BACKUP_IMAGE: &str = "minio/mc:latest";
 
 impl Plugin for DatastorePlugin {
     fn describe(ctx: &Context) -> PluginInfo {
-        // Every Kind of this plugin shares one schema and one set of columns: build them once.
-        let (schema, columns) = (spec_schema(), printer_columns());
-        let kinds = KINDS
-            .iter()
-            .map(|(kind, plural, short, version, engine)| KindInfo {
-                group: ctx.api_group.clone(),
-                versions: vec![(*version).to_owned()],
-                kind: (*kind).to_owned(),
-                plural: (*plural).to_owned(),
-                short_names: if short.is_empty() {
-                    vec![]
-                } else {
-                    vec![(*short).to_owned()]
-                },
-                engine: engine.map(str::to_owned),
-                spec_schema: schema.clone(),
-                printer_columns: columns.clone(),
-            })
-            .collect();
-        let children = [
+        let mut children = GroupVersionKind::list(&[
             ("apps", "v1", "StatefulSet"),
             ("", "v1", "Service"),
             ("batch", "v1", "CronJob"),
             ("networking.k8s.io", "v1", "NetworkPolicy"),
             ("monitoring.coreos.com", "v1", "ServiceMonitor"),
-        ]
-        .iter()
-        .map(|(g, v, k)| GroupVersionKind::new(g, v, k))
-        .chain([GroupVersionKind::new(
+        ]);
+        children.push(GroupVersionKind::new(
             &format!("kms.{}", ctx.api_group),
             "v1",
             "KMSSecret",
-        )])
-        .collect();
+        ));
         PluginInfo {
             name: "datastore".into(),
             version: env!("CARGO_PKG_VERSION").into(),
-            kinds,
+            kinds: KindInfo::table(&ctx.api_group, &KINDS, &spec_schema(), &printer_columns()),
             children,
         }
     }

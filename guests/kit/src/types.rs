@@ -169,6 +169,41 @@ pub struct KindInfo {
     pub printer_columns: Vec<PrinterColumn>,
 }
 
+impl KindInfo {
+    /// One Kind per row of (kind, plural, short name or "", version, engine), in `group`, all
+    /// sharing one spec schema and one set of printer columns.
+    pub fn table(
+        group: &str,
+        rows: &[(&str, &str, &str, &str, Option<&str>)],
+        schema: &Value,
+        columns: &[PrinterColumn],
+    ) -> Vec<Self> {
+        rows.iter()
+            .map(|(kind, plural, short, version, engine)| Self {
+                group: group.to_owned(),
+                versions: vec![(*version).to_owned()],
+                kind: (*kind).to_owned(),
+                plural: (*plural).to_owned(),
+                short_names: if short.is_empty() {
+                    vec![]
+                } else {
+                    vec![(*short).to_owned()]
+                },
+                engine: engine.map(str::to_owned),
+                spec_schema: schema.clone(),
+                printer_columns: columns.to_vec(),
+            })
+            .collect()
+    }
+}
+
+impl GroupVersionKind {
+    /// One per (group, version, kind) row.
+    pub fn list(rows: &[(&str, &str, &str)]) -> Vec<Self> {
+        rows.iter().map(|(g, v, k)| Self::new(g, v, k)).collect()
+    }
+}
+
 /// What the host needs to know about a plugin.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PluginInfo {

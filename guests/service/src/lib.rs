@@ -22,15 +22,15 @@ pub struct ServicePlugin;
 
 guest_kit::export_plugin!(ServicePlugin);
 
-/// (Kind, plural, short name, versions) of every Kind this plugin serves.
-const KINDS: [(&str, &str, &str, &str); 7] = [
-    ("Service", "services", "hsvc", "v1"),
-    ("IAM", "iams", "iam", "v1"),
-    ("KMS", "kmsapps", "kms", "v1"),
-    ("LLM", "llms", "llm", "v1"),
-    ("Indexer", "indexers", "idx", "v1"),
-    ("Explorer", "explorers", "exp", "v1"),
-    ("HanzoService", "hanzoservices", "", "v1alpha1"),
+/// (Kind, plural, short name, version, engine) of every Kind this plugin serves.
+const KINDS: [(&str, &str, &str, &str, Option<&str>); 7] = [
+    ("Service", "services", "hsvc", "v1", None),
+    ("IAM", "iams", "iam", "v1", None),
+    ("KMS", "kmsapps", "kms", "v1", None),
+    ("LLM", "llms", "llm", "v1", None),
+    ("Indexer", "indexers", "idx", "v1", None),
+    ("Explorer", "explorers", "exp", "v1", None),
+    ("HanzoService", "hanzoservices", "", "v1alpha1", None),
 ];
 
 #[derive(Debug, Deserialize)]
@@ -106,26 +106,7 @@ struct PdbSpec {
 
 impl Plugin for ServicePlugin {
     fn describe(ctx: &Context) -> PluginInfo {
-        // Every Kind of this plugin shares one schema and one set of columns: build them once.
-        let (schema, columns) = (spec_schema(), printer_columns());
-        let kinds = KINDS
-            .iter()
-            .map(|(kind, plural, short, version)| KindInfo {
-                group: ctx.api_group.clone(),
-                versions: vec![(*version).to_owned()],
-                kind: (*kind).to_owned(),
-                plural: (*plural).to_owned(),
-                short_names: if short.is_empty() {
-                    vec![]
-                } else {
-                    vec![(*short).to_owned()]
-                },
-                engine: None,
-                spec_schema: schema.clone(),
-                printer_columns: columns.clone(),
-            })
-            .collect();
-        let children = [
+        let mut children = GroupVersionKind::list(&[
             ("apps", "v1", "Deployment"),
             ("", "v1", "Service"),
             ("networking.k8s.io", "v1", "Ingress"),
@@ -133,19 +114,16 @@ impl Plugin for ServicePlugin {
             ("policy", "v1", "PodDisruptionBudget"),
             ("networking.k8s.io", "v1", "NetworkPolicy"),
             ("monitoring.coreos.com", "v1", "ServiceMonitor"),
-        ]
-        .iter()
-        .map(|(g, v, k)| GroupVersionKind::new(g, v, k))
-        .chain([GroupVersionKind::new(
+        ]);
+        children.push(GroupVersionKind::new(
             &format!("kms.{}", ctx.api_group),
             "v1",
             "KMSSecret",
-        )])
-        .collect();
+        ));
         PluginInfo {
             name: "service".into(),
             version: env!("CARGO_PKG_VERSION").into(),
-            kinds,
+            kinds: KindInfo::table(&ctx.api_group, &KINDS, &spec_schema(), &printer_columns()),
             children,
         }
     }

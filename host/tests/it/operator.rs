@@ -133,6 +133,26 @@ fn apply(cp: &ControlPlane, ns: &str, yaml: &str) {
     assert!(ok, "kubectl apply: {out}\n{yaml}");
 }
 
+/// `kubectl wait --for=condition=Ready`, which works because status follows kstatus.
+fn wait_ready(cp: &ControlPlane, ns: &str, what: &str) {
+    let (ok, out) = kubectl(
+        cp,
+        &[
+            "wait",
+            "-n",
+            ns,
+            "--for=condition=Ready",
+            what,
+            "--timeout=120s",
+        ],
+    );
+    assert!(
+        ok,
+        "kubectl wait {what}: {out}\n{}",
+        kubectl(cp, &["get", "-n", ns, what, "-o", "yaml"]).1
+    );
+}
+
 fn get(cp: &ControlPlane, ns: &str, what: &str) -> Option<Value> {
     let out = cp.kubectl(&["get", "-n", ns, what, "-o", "json"]);
     out.status
@@ -182,27 +202,7 @@ async fn a_service_lives_its_whole_life() {
 
     // Create: children exist, kwok makes the pods Ready, the resource becomes Ready.
     apply(cp, &ns, WEB);
-    let (ok, out) = kubectl(
-        cp,
-        &[
-            "wait",
-            "-n",
-            &ns,
-            "--for=condition=Ready",
-            "services.hanzo.ai/web",
-            "--timeout=90s",
-        ],
-    );
-    assert!(
-        ok,
-        "kubectl wait: {out}\n{}\n{}",
-        kubectl(
-            cp,
-            &["get", "-n", &ns, "services.hanzo.ai/web", "-o", "yaml"]
-        )
-        .1,
-        kubectl(cp, &["get", "-n", &ns, "all,events"]).1
-    );
+    wait_ready(cp, &ns, "services.hanzo.ai/web");
     let web = get(cp, &ns, "services.hanzo.ai/web").unwrap();
     assert_eq!(
         web["status"]["observedGeneration"],
@@ -289,18 +289,7 @@ async fn a_service_lives_its_whole_life() {
     .await;
 
     // Steady state: no writes at all.
-    let (ok, out) = kubectl(
-        cp,
-        &[
-            "wait",
-            "-n",
-            &ns,
-            "--for=condition=Ready",
-            "services.hanzo.ai/web",
-            "--timeout=90s",
-        ],
-    );
-    assert!(ok, "{out}");
+    wait_ready(cp, &ns, "services.hanzo.ai/web");
     tokio::time::sleep(Duration::from_secs(3)).await;
     let before = op.writes();
     tokio::time::sleep(Duration::from_secs(10)).await;
@@ -400,18 +389,7 @@ async fn a_hostile_plugin_stalls_its_resources_and_nothing_else() {
         get(cp, "kube-system", "configmap/escaper").is_none(),
         "the guard let an object out of the namespace"
     );
-    let (ok, out) = kubectl(
-        cp,
-        &[
-            "wait",
-            "-n",
-            &ns,
-            "--for=condition=Ready",
-            "services.hanzo.ai/web",
-            "--timeout=90s",
-        ],
-    );
-    assert!(ok, "the other resources must keep working: {out}");
+    wait_ready(cp, &ns, "services.hanzo.ai/web");
     let (_, events) = kubectl(cp, &["get", "events", "-n", &ns]);
     assert!(
         events.contains("PluginTimeout") && events.contains("Applied"),
@@ -447,18 +425,7 @@ async fn facades_kvclusters_and_another_api_group() {
         "sqls.lux.cloud/db",
         "kvclusters.storage.mydatabase.io/raft",
     ] {
-        let (ok, out) = kubectl(
-            cp,
-            &[
-                "wait",
-                "-n",
-                &ns,
-                "--for=condition=Ready",
-                what,
-                "--timeout=120s",
-            ],
-        );
-        assert!(ok, "{what}: {out}");
+        wait_ready(cp, &ns, what);
     }
     let kms = get(cp, &ns, "kmssecrets.kms.lux.cloud/iam-secrets")
         .expect("the KMSSecret is in kms.lux.cloud");
@@ -550,26 +517,7 @@ async fn runs_with_its_rbac_skips_missing_crds_and_survives_an_api_server_restar
         "  serviceMonitor: { port: http }\n  kmsSecrets: [{ managedSecretName: web-secrets }]\n",
     );
     apply(&cp, &ns, &monitored);
-    let (ok, out) = kubectl(
-        &cp,
-        &[
-            "wait",
-            "-n",
-            &ns,
-            "--for=condition=Ready",
-            "services.hanzo.ai/web",
-            "--timeout=90s",
-        ],
-    );
-    assert!(
-        ok,
-        "{out}\n{}",
-        kubectl(
-            &cp,
-            &["get", "-n", &ns, "services.hanzo.ai/web", "-o", "yaml"]
-        )
-        .1
-    );
+    wait_ready(&cp, &ns, "services.hanzo.ai/web");
     let web = get(&cp, &ns, "services.hanzo.ai/web").unwrap();
     let skipped: Vec<String> = web["status"]["skipped"]
         .as_array()
@@ -636,18 +584,7 @@ async fn two_replicas_share_one_lease() {
     )
     .await;
     apply(cp, &ns, WEB);
-    let (ok, out) = kubectl(
-        cp,
-        &[
-            "wait",
-            "-n",
-            &ns,
-            "--for=condition=Ready",
-            "services.hanzo.ai/web",
-            "--timeout=90s",
-        ],
-    );
-    assert!(ok, "{out}");
+    wait_ready(cp, &ns, "services.hanzo.ai/web");
     let b = Operator::start_with(
         cp.client().await.unwrap(),
         Some(&ns),
