@@ -315,11 +315,14 @@ impl ControlPlane {
                 )));
             }
         }
+        remove_stale_dirs();
         let dir = tempfile::Builder::new()
             .prefix("testenv-")
             .tempdir()
             .map_err(io("making a temporary directory"))?;
         let d = dir.path().to_path_buf();
+        std::fs::write(d.join("owner.pid"), std::process::id().to_string())
+            .map_err(io("writing owner.pid"))?;
         let write = |name: &str, text: &str| -> Result<PathBuf> {
             let p = d.join(name);
             std::fs::write(&p, text).map_err(io(format!("writing {}", p.display())))?;
@@ -686,6 +689,31 @@ impl Drop for LogsOnFailure<'_> {
     fn drop(&mut self) {
         if std::thread::panicking() {
             eprintln!("control plane logs:\n{}", self.0.logs());
+        }
+    }
+}
+
+/// Removes the directories of control planes whose test process is gone (the shared one is a
+/// static, never dropped, so its directory outlives the run).
+fn remove_stale_dirs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if !path
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("testenv-"))
+        {
+            continue;
+        }
+        let owner = std::fs::read_to_string(path.join("owner.pid"))
+            .ok()
+            .and_then(|p| p.trim().parse::<u32>().ok());
+        if let Some(pid) = owner
+            && !Path::new(&format!("/proc/{pid}")).exists()
+        {
+            let _ = std::fs::remove_dir_all(&path);
         }
     }
 }
