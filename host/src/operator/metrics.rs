@@ -159,15 +159,6 @@ impl Metrics {
             .inc();
     }
 
-    /// Total write requests so far.
-    pub fn total_writes(&self) -> u64 {
-        let text = self.encode();
-        text.lines()
-            .filter(|l| l.starts_with("wasm_operator_api_writes_total{"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>() as u64
-    }
-
     /// Marks the operator ready (or not) for `/readyz`.
     pub fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::Relaxed);

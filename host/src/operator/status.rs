@@ -30,51 +30,29 @@ pub(crate) fn child_ready(kind: &str, live: Option<&Value>) -> (bool, String) {
     let int = |p: &str| o.pointer(p).and_then(Value::as_i64).unwrap_or(0);
     let generation = int("/metadata/generation");
     let observed = int("/status/observedGeneration");
-    match kind {
-        "Deployment" => {
-            let want = o
-                .pointer("/spec/replicas")
-                .and_then(Value::as_i64)
-                .unwrap_or(1);
-            let (updated, available) = (
-                int("/status/updatedReplicas"),
-                int("/status/availableReplicas"),
-            );
-            if observed < generation {
-                (
-                    false,
-                    "the Deployment controller has not seen the latest spec".into(),
-                )
-            } else if updated < want || available < want {
-                (
-                    false,
-                    format!("{available}/{want} available, {updated}/{want} updated"),
-                )
-            } else {
-                (true, format!("{available}/{want} available"))
-            }
-        }
-        "StatefulSet" => {
-            let want = o
-                .pointer("/spec/replicas")
-                .and_then(Value::as_i64)
-                .unwrap_or(1);
-            let (ready, updated) = (int("/status/readyReplicas"), int("/status/updatedReplicas"));
-            if observed < generation {
-                (
-                    false,
-                    "the StatefulSet controller has not seen the latest spec".into(),
-                )
-            } else if ready < want || updated < want {
-                (
-                    false,
-                    format!("{ready}/{want} ready, {updated}/{want} updated"),
-                )
-            } else {
-                (true, format!("{ready}/{want} ready"))
-            }
-        }
-        _ => (true, "exists".into()),
+    // (the count that makes it ready, its word): the rollout must also be fully updated.
+    let (ready_path, word) = match kind {
+        "Deployment" => ("/status/availableReplicas", "available"),
+        "StatefulSet" => ("/status/readyReplicas", "ready"),
+        _ => return (true, "exists".into()),
+    };
+    let want = o
+        .pointer("/spec/replicas")
+        .and_then(Value::as_i64)
+        .unwrap_or(1);
+    let (ready, updated) = (int(ready_path), int("/status/updatedReplicas"));
+    if observed < generation {
+        (
+            false,
+            format!("the {kind} controller has not seen the latest spec"),
+        )
+    } else if ready < want || updated < want {
+        (
+            false,
+            format!("{ready}/{want} {word}, {updated}/{want} updated"),
+        )
+    } else {
+        (true, format!("{ready}/{want} {word}"))
     }
 }
 
@@ -239,4 +217,72 @@ pub(crate) fn same(desired: &Value, current: Option<&Value>) -> bool {
         }
     }
     current.is_some_and(|c| norm(desired) == norm(c))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rollouts_are_ready_when_updated_and_available_for_the_latest_generation() {
+        let deployment = |generation: i64, observed: i64, available: i64, updated: i64| {
+            json!({
+                "metadata": { "generation": generation },
+                "spec": { "replicas": 2 },
+                "status": { "observedGeneration": observed, "availableReplicas": available, "updatedReplicas": updated },
+            })
+        };
+        assert_eq!(
+            child_ready("Deployment", Some(&deployment(2, 2, 2, 2))),
+            (true, "2/2 available".into())
+        );
+        assert!(
+            !child_ready("Deployment", Some(&deployment(2, 1, 2, 2))).0,
+            "stale observedGeneration"
+        );
+        assert_eq!(
+            child_ready("Deployment", Some(&deployment(1, 1, 1, 2))),
+            (false, "1/2 available, 2/2 updated".into())
+        );
+        let sts = json!({
+            "metadata": { "generation": 1 },
+            "spec": { "replicas": 3 },
+            "status": { "observedGeneration": 1, "readyReplicas": 3, "updatedReplicas": 3 },
+        });
+        assert_eq!(
+            child_ready("StatefulSet", Some(&sts)),
+            (true, "3/3 ready".into())
+        );
+        assert_eq!(child_ready("Service", Some(&sts)), (true, "exists".into()));
+        assert_eq!(child_ready("Deployment", None), (true, "exists".into()));
+    }
+
+    #[test]
+    fn status_keeps_transition_times_and_ignores_empty_lists() {
+        let children = vec![Child {
+            api_version: "v1".into(),
+            kind: "Service".into(),
+            name: "a".into(),
+            ready: true,
+            message: "exists".into(),
+        }];
+        let outcome = Outcome::Applied {
+            children,
+            skipped: vec![],
+        };
+        let first = status(&outcome, 1, None, "p");
+        assert_eq!(first["conditions"][0]["status"], "True");
+        let mut earlier = first.clone();
+        earlier["conditions"][0]["lastTransitionTime"] = "2020-01-01T00:00:00Z".into();
+        let second = status(&outcome, 1, Some(&earlier), "p");
+        assert_eq!(
+            second["conditions"][0]["lastTransitionTime"],
+            "2020-01-01T00:00:00Z"
+        );
+        assert!(same(
+            &json!({ "a": 1, "skipped": [] }),
+            Some(&json!({ "a": 1 }))
+        ));
+        assert!(!same(&json!({ "a": 1 }), Some(&json!({ "a": 2 }))));
+    }
 }
