@@ -553,7 +553,7 @@ async fn runs_with_its_rbac_skips_missing_crds_and_survives_an_api_server_restar
     tokio::task::block_in_place(|| cp.restart_apiserver(Duration::from_secs(3))).unwrap();
     eventually(
         "the operator to converge after the restart",
-        Duration::from_secs(90),
+        Duration::from_secs(180),
         || {
             let d = get(&cp, &ns, "deployment/web");
             let w = get(&cp, &ns, "services.hanzo.ai/web");
