@@ -265,17 +265,6 @@ fn check_children(info: &PluginInfo) -> std::result::Result<(), String> {
     Ok(())
 }
 
-fn is_dns_subdomain(name: &str) -> bool {
-    name.len() <= 253
-        && name.split('.').all(|l| {
-            !l.is_empty()
-                && l.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
-                && l.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
-                && l.chars()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        })
-}
-
 /// Checks what a plugin rendered for `resource`: every object is of a kind the plugin declared,
 /// namespaced, in the resource's namespace (filled in when absent), validly and uniquely named.
 pub fn check_objects(
@@ -334,7 +323,7 @@ pub fn check_objects(
             .and_then(Value::as_str)
             .unwrap_or("")
             .to_owned();
-        if !is_dns_subdomain(&name) {
+        if guest_kit::spec::dns_subdomain("metadata.name", &name).is_err() {
             return Err(refuse(format!("{kind} has an invalid name `{name}`")));
         }
         match meta.get("namespace").and_then(Value::as_str) {

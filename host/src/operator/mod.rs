@@ -228,7 +228,7 @@ pub async fn run(
         });
         let rx = owners.lock().map(|mut o| {
             let (tx, rx) = mpsc::unbounded();
-            o.insert(format!("{}/{}", ar.api_version, ar.kind), tx);
+            o.insert(format!("{}/{}", ar.api_version, ar.kind), (ar.clone(), tx));
             rx
         });
         let Ok(rx) = rx else { continue };
@@ -339,7 +339,9 @@ type Writer = (
     reflector::store::Writer<PartialObjectMeta<DynamicObject>>,
 );
 
-type Owners = Arc<Mutex<BTreeMap<String, mpsc::UnboundedSender<ObjectRef<DynamicObject>>>>>;
+/// Each served Kind's controller by `apiVersion/Kind`: its discovered resource and its trigger.
+type Owners =
+    Arc<Mutex<BTreeMap<String, (ApiResource, mpsc::UnboundedSender<ObjectRef<DynamicObject>>)>>>;
 
 /// Watches every served child kind (metadata only, by the ownership label), keeps the caches
 /// the reconciler prunes from, and sends each change to the controller of the child's owner.
@@ -356,51 +358,29 @@ fn dispatch_children(shared: &Arc<Shared>, writers: Vec<Writer>, settings: &Sett
             .any_semantic();
         let stream = reflector::reflector(writer, watcher(api, config)).default_backoff();
         let owners = owners.clone();
-        let known = shared
-            .registry
-            .kinds()
-            .map(|(_, k)| (k.group.clone(), k.kind.clone()))
-            .collect::<Vec<_>>();
         tokio::spawn(async move {
             futures::pin_mut!(stream);
             while let Some(event) = stream.next().await {
-                let objects = match event {
-                    Ok(watcher::Event::Apply(o) | watcher::Event::Delete(o)) => vec![o],
+                let o = match event {
+                    Ok(watcher::Event::Apply(o) | watcher::Event::Delete(o)) => o,
                     Ok(_) => continue,
                     Err(e) => {
                         tracing::debug!("child watch: {e}");
                         continue;
                     }
                 };
-                for o in objects {
-                    let ns = o.metadata.namespace.clone();
-                    for owner in o
-                        .metadata
-                        .owner_references
-                        .iter()
-                        .flatten()
-                        .filter(|r| r.controller == Some(true))
+                let owner_refs = o.metadata.owner_references.iter().flatten();
+                for owner in owner_refs.filter(|r| r.controller == Some(true)) {
+                    // Only owners of a Kind we serve have a controller to wake.
+                    let key = format!("{}/{}", owner.api_version, owner.kind);
+                    if let Ok(map) = owners.lock()
+                        && let Some((ar, tx)) = map.get(&key)
                     {
-                        let (g, _) = split_api_version(&owner.api_version);
-                        if !known.iter().any(|(kg, kk)| kg == g && *kk == owner.kind) {
-                            continue;
+                        let mut r = ObjectRef::new_with(&owner.name, ar.clone());
+                        if let Some(ns) = &o.metadata.namespace {
+                            r = r.within(ns);
                         }
-                        let key = format!("{}/{}", owner.api_version, owner.kind);
-                        if let Ok(map) = owners.lock()
-                            && let Some(tx) = map.get(&key)
-                        {
-                            let (group, version) = split_api_version(&owner.api_version);
-                            let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
-                                group,
-                                version,
-                                &owner.kind,
-                            ));
-                            let mut r = ObjectRef::new_with(&owner.name, ar);
-                            if let Some(ns) = &ns {
-                                r = r.within(ns);
-                            }
-                            let _ = tx.unbounded_send(r);
-                        }
+                        let _ = tx.unbounded_send(r);
                     }
                 }
             }

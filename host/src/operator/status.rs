@@ -109,20 +109,20 @@ pub(crate) fn status(
     plugin: &str,
 ) -> Value {
     let now = Timestamp::now()
-        .round(jiff_unit())
+        .round(k8s_openapi::jiff::Unit::Second)
         .unwrap_or_else(|_| Timestamp::now())
         .to_string();
     let previous = current.and_then(|s| s.get("conditions"));
-    let (ready, reconciling, stalled, children, skipped) = match outcome {
+    // Ready, Reconciling and Stalled all follow from three facts: ready, stalled, and why.
+    let (is_ready, stalled, reason, message, children, skipped) = match outcome {
         Outcome::Applied { children, skipped } => {
             let waiting: Vec<String> = children
                 .iter()
                 .filter(|c| !c.ready)
                 .map(|c| format!("{} {}: {}", c.kind, c.name, c.message))
                 .collect();
-            let total = children.len();
             let summary = if waiting.is_empty() {
-                let mut m = format!("{total} children ready");
+                let mut m = format!("{} children ready", children.len());
                 if !skipped.is_empty() {
                     m.push_str(&format!("; {} skipped (see status.skipped)", skipped.len()));
                 }
@@ -130,38 +130,9 @@ pub(crate) fn status(
             } else {
                 format!("waiting for {}", waiting.join("; "))
             };
-            let is_ready = waiting.is_empty();
-            (
-                condition(
-                    "Ready",
-                    is_ready,
-                    if is_ready { "Ready" } else { "Progressing" },
-                    &summary,
-                    generation,
-                    previous,
-                    &now,
-                ),
-                condition(
-                    "Reconciling",
-                    !is_ready,
-                    if is_ready { "Ready" } else { "Progressing" },
-                    &summary,
-                    generation,
-                    previous,
-                    &now,
-                ),
-                condition(
-                    "Stalled",
-                    false,
-                    "Applied",
-                    "children applied",
-                    generation,
-                    previous,
-                    &now,
-                ),
-                children,
-                skipped,
-            )
+            let ready = waiting.is_empty();
+            let reason = if ready { "Ready" } else { "Progressing" };
+            (ready, false, reason, summary, children, skipped)
         }
         Outcome::Stalled {
             reason,
@@ -169,24 +140,30 @@ pub(crate) fn status(
             children,
             skipped,
         } => (
-            condition("Ready", false, reason, message, generation, previous, &now),
-            condition(
-                "Reconciling",
-                false,
-                reason,
-                message,
-                generation,
-                previous,
-                &now,
-            ),
-            condition("Stalled", true, reason, message, generation, previous, &now),
+            false,
+            true,
+            reason.as_str(),
+            message.clone(),
             children,
             skipped,
         ),
     };
+    let cond = |type_: &str, status: bool, reason: &str, message: &str| {
+        condition(type_, status, reason, message, generation, previous, &now)
+    };
+    let (stalled_reason, stalled_message) = if stalled {
+        (reason, message.as_str())
+    } else {
+        ("Applied", "children applied")
+    };
+    let conditions = [
+        cond("Ready", is_ready, reason, &message),
+        cond("Reconciling", !is_ready && !stalled, reason, &message),
+        cond("Stalled", stalled, stalled_reason, stalled_message),
+    ];
     json!({
         "observedGeneration": generation,
-        "conditions": [ready, reconciling, stalled],
+        "conditions": conditions,
         "children": children.iter().map(|c| json!({
             "apiVersion": c.api_version, "kind": c.kind, "name": c.name, "ready": c.ready, "message": c.message,
         })).collect::<Vec<_>>(),
@@ -195,10 +172,6 @@ pub(crate) fn status(
         })).collect::<Vec<_>>(),
         "plugin": plugin,
     })
-}
-
-fn jiff_unit() -> k8s_openapi::jiff::Unit {
-    k8s_openapi::jiff::Unit::Second
 }
 
 /// Whether `desired` says the same as `current` (the server drops empty lists, so they are

@@ -148,24 +148,16 @@ impl Runtime {
         })?;
         let pre = bindings::PluginPre::new(instance_pre)
             .map_err(|e| fail(format!("does not match the plugin world: {e:#}")))?;
-        let mut plugin = Plugin {
-            inner: Arc::new(Inner {
-                source: source.to_owned(),
-                sha256,
-                pre,
-                engine: self.engine.clone(),
-                limits: self.limits,
-                from_cache,
-            }),
-            info: PluginInfo {
-                name: String::new(),
-                version: String::new(),
-                kinds: vec![],
-                children: vec![],
-            },
-        };
-        plugin.info = plugin.describe(ctx).map_err(|e| fail(e.to_string()))?;
-        Ok(plugin)
+        let inner = Arc::new(Inner {
+            source: source.to_owned(),
+            sha256,
+            pre,
+            engine: self.engine.clone(),
+            limits: self.limits,
+            from_cache,
+        });
+        let info = inner.describe(ctx).map_err(|e| fail(e.to_string()))?;
+        Ok(Plugin { inner, info })
     }
 }
 
@@ -241,6 +233,17 @@ struct Inner {
     from_cache: bool,
 }
 
+impl Inner {
+    fn describe(&self, ctx: &Context) -> std::result::Result<PluginInfo, PluginError> {
+        let wit_ctx = bindings::context(ctx);
+        let info = sandbox::call(&self.pre, &self.engine, self.limits, |p, store| {
+            p.wasm_operator_plugin_reconciler()
+                .call_describe(store, &wit_ctx)
+        })?;
+        bindings::plugin_info(info).map_err(PluginError::BadDescription)
+    }
+}
+
 /// A loaded plugin. Cheap to clone; calls from several threads run in separate instances.
 #[derive(Clone)]
 pub struct Plugin {
@@ -294,17 +297,7 @@ impl Plugin {
 
     /// Calls the plugin's `describe` in a fresh instance (the host does this once, at load).
     pub fn describe(&self, ctx: &Context) -> std::result::Result<PluginInfo, PluginError> {
-        let wit_ctx = bindings::context(ctx);
-        let info = sandbox::call(
-            &self.inner.pre,
-            &self.inner.engine,
-            self.inner.limits,
-            |p, store| {
-                p.wasm_operator_plugin_reconciler()
-                    .call_describe(store, &wit_ctx)
-            },
-        )?;
-        bindings::plugin_info(info).map_err(PluginError::BadDescription)
+        self.inner.describe(ctx)
     }
 
     /// Renders `resource` in a fresh instance; each manifest is parsed as a JSON object.

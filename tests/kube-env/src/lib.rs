@@ -399,31 +399,26 @@ impl ControlPlane {
             "--profiling=false".into(),
         ])?;
         cp.wait_ready()?;
-        cp.spawn("kube-controller-manager", &[
+        // The controller manager and the scheduler are clients of the API server alike: admin
+        // credentials, no leader election, no serving port of their own.
+        let client_of_apiserver = [
             format!("--kubeconfig={}", p(&kubeconfig)),
             format!("--authentication-kubeconfig={}", p(&kubeconfig)),
             format!("--authorization-kubeconfig={}", p(&kubeconfig)),
-            format!("--service-account-private-key-file={}", p(&sa_key)),
-            format!("--root-ca-file={}", p(&ca)),
-            "--controllers=*,-node-lifecycle-controller,-node-ipam-controller,-cloud-node-lifecycle-controller,-service-lb-controller,-node-route-controller".into(),
             "--leader-elect=false".into(),
             "--bind-address=127.0.0.1".into(),
             "--secure-port=0".into(),
-            "--concurrent-gc-syncs=10".into(),
             "--profiling=false".into(),
-        ])?;
-        cp.spawn(
-            "kube-scheduler",
-            &[
-                format!("--kubeconfig={}", p(&kubeconfig)),
-                format!("--authentication-kubeconfig={}", p(&kubeconfig)),
-                format!("--authorization-kubeconfig={}", p(&kubeconfig)),
-                "--leader-elect=false".into(),
-                "--bind-address=127.0.0.1".into(),
-                "--secure-port=0".into(),
-                "--profiling=false".into(),
-            ],
-        )?;
+        ];
+        let mut kcm = client_of_apiserver.to_vec();
+        kcm.extend([
+            format!("--service-account-private-key-file={}", p(&sa_key)),
+            format!("--root-ca-file={}", p(&ca)),
+            "--controllers=*,-node-lifecycle-controller,-node-ipam-controller,-cloud-node-lifecycle-controller,-service-lb-controller,-node-route-controller".into(),
+            "--concurrent-gc-syncs=10".into(),
+        ]);
+        cp.spawn("kube-controller-manager", &kcm)?;
+        cp.spawn("kube-scheduler", &client_of_apiserver)?;
         cp.spawn(
             "kwok",
             &[
