@@ -1,9 +1,19 @@
-//! Builds the built-in guests into components that `src/plugin/builtin.rs` embeds, and records
-//! the wasmtime version for the compile cache's keys.
+//! Builds the built-in guests into components that `src/plugin/builtin.rs` embeds (with their
+//! sha256, so that loading one does not hash it again), and records the wasmtime version for the
+//! compile cache's keys.
+use sha2::{Digest, Sha256};
+
 fn main() {
     let wasm = guest_build::build(&["guest-service", "guest-datastore", "guest-kvcluster"]);
     for (name, path) in ["SERVICE", "DATASTORE", "KVCLUSTER"].iter().zip(&wasm) {
         println!("cargo:rustc-env=GUEST_{name}_WASM={}", path.display());
+        let bytes = std::fs::read(path)
+            .unwrap_or_else(|e| panic!("cannot read the built guest {}: {e}", path.display()));
+        let sha256: String = Sha256::digest(&bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        println!("cargo:rustc-env=GUEST_{name}_SHA256={sha256}");
     }
     let lock = guest_build::workspace_root().join("Cargo.lock");
     let text = std::fs::read_to_string(&lock).unwrap_or_default();

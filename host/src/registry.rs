@@ -143,8 +143,7 @@ impl Registry {
         };
         if builtins {
             for b in BUILTINS {
-                let plugin =
-                    runtime.load(b.wasm, &format!("built-in {}", b.name), &registry.ctx)?;
+                let plugin = runtime.load_builtin(&b, &registry.ctx)?;
                 registry.add(plugin, false)?;
             }
         }

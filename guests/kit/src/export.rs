@@ -24,10 +24,8 @@ pub mod adapter {
 
     #[cfg(target_family = "wasm")]
     mod wasm {
-        use std::collections::BTreeMap;
-
         use super::super::bindings::wasm_operator::plugin::types as wit;
-        use crate::{Context, Plugin, RenderError, Resource};
+        use crate::{Context, Plugin, RenderError, WireResource};
 
         fn context(ctx: wit::Context) -> Context {
             Context {
@@ -78,31 +76,29 @@ pub mod adapter {
             }
         }
 
-        /// `render`, for the plugin `P`: parses the spec, renders, serialises each object.
+        /// `render`, for the plugin `P`: [`crate::render_wire`] over the WIT records.
         pub fn render<P: Plugin>(
             resource: wit::Resource,
             ctx: wit::Context,
         ) -> Result<Vec<String>, wit::RenderError> {
-            let to_wit = |e: RenderError| wit::RenderError {
-                field: e.field,
-                message: e.message,
-            };
-            let spec = serde_json::from_str(&resource.spec)
-                .map_err(|e| to_wit(RenderError::new("spec", format!("is not valid JSON: {e}"))))?;
             let meta = resource.metadata;
-            let resource = Resource {
+            let resource = WireResource {
                 api_version: resource.api_version,
                 kind: resource.kind,
                 name: meta.name,
                 namespace: meta.namespace,
                 uid: meta.uid,
                 generation: meta.generation,
-                labels: meta.labels.into_iter().collect::<BTreeMap<_, _>>(),
-                annotations: meta.annotations.into_iter().collect::<BTreeMap<_, _>>(),
-                spec,
+                labels: meta.labels,
+                annotations: meta.annotations,
+                spec: resource.spec,
             };
-            let objects = P::render(&resource, &context(ctx)).map_err(to_wit)?;
-            Ok(objects.iter().map(serde_json::Value::to_string).collect())
+            crate::render_wire::<P>(resource, &context(ctx)).map_err(|e: RenderError| {
+                wit::RenderError {
+                    field: e.field,
+                    message: e.message,
+                }
+            })
         }
     }
 }

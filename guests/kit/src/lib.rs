@@ -23,7 +23,7 @@ mod types;
 
 pub use types::{
     Context, GroupVersionKind, KindInfo, Plugin, PluginInfo, PrinterColumn, RenderError, Resource,
-    Result,
+    Result, WireResource, render_wire,
 };
 
 #[doc(hidden)]

@@ -224,3 +224,69 @@ pub trait Plugin {
     /// Renders `resource` into the objects that should exist for it.
     fn render(resource: &Resource, ctx: &Context) -> Result<Vec<Value>>;
 }
+
+/// A resource as it crosses the component boundary: the WIT `resource` record, with the spec as
+/// JSON text and labels and annotations as pairs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WireResource {
+    /// For example `hanzo.ai/v1`.
+    pub api_version: String,
+    /// For example `Service`.
+    pub kind: String,
+    /// `metadata.name`.
+    pub name: String,
+    /// `metadata.namespace`.
+    pub namespace: String,
+    /// `metadata.uid`.
+    pub uid: String,
+    /// `metadata.generation`.
+    pub generation: i64,
+    /// `metadata.labels`.
+    pub labels: Vec<(String, String)>,
+    /// `metadata.annotations`.
+    pub annotations: Vec<(String, String)>,
+    /// The spec as a JSON document.
+    pub spec: String,
+}
+
+impl WireResource {
+    /// The boundary form of `resource`: what the host sends.
+    pub fn from_resource(resource: &Resource) -> Self {
+        let pairs = |m: &BTreeMap<String, String>| -> Vec<(String, String)> {
+            m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+        };
+        Self {
+            api_version: resource.api_version.clone(),
+            kind: resource.kind.clone(),
+            name: resource.name.clone(),
+            namespace: resource.namespace.clone(),
+            uid: resource.uid.clone(),
+            generation: resource.generation,
+            labels: pairs(&resource.labels),
+            annotations: pairs(&resource.annotations),
+            spec: resource.spec.to_string(),
+        }
+    }
+}
+
+/// The whole of a guest's `render` export, on any target: parses the spec, calls
+/// [`Plugin::render`] and serialises each object. The component export is this function over
+/// the WIT records; calling it natively gives the same bytes, which is what the render benchmark
+/// compares the component against.
+pub fn render_wire<P: Plugin>(resource: WireResource, ctx: &Context) -> Result<Vec<String>> {
+    let spec = serde_json::from_str(&resource.spec)
+        .map_err(|e| RenderError::new("spec", format!("is not valid JSON: {e}")))?;
+    let resource = Resource {
+        api_version: resource.api_version,
+        kind: resource.kind,
+        name: resource.name,
+        namespace: resource.namespace,
+        uid: resource.uid,
+        generation: resource.generation,
+        labels: resource.labels.into_iter().collect(),
+        annotations: resource.annotations.into_iter().collect(),
+        spec,
+    };
+    let objects = P::render(&resource, ctx)?;
+    Ok(objects.iter().map(Value::to_string).collect())
+}

@@ -7,6 +7,8 @@ use crate::types::{Context, GroupVersionKind, KindInfo, PluginInfo, PrinterColum
 wasmtime::component::bindgen!({
     path: "../wit",
     world: "plugin",
+    // The description is kept in the compile cache as JSON (see `cache.rs`).
+    additional_derives: [serde::Serialize, serde::Deserialize],
 });
 
 use self::wasm_operator::plugin::types as wit;

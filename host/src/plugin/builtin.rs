@@ -7,6 +7,8 @@ pub struct Builtin {
     pub name: &'static str,
     /// The component.
     pub wasm: &'static [u8],
+    /// The sha256 of `wasm`, hex, computed when the host was built.
+    pub sha256: &'static str,
 }
 
 /// Every built-in plugin, in load order.
@@ -14,13 +16,16 @@ pub const BUILTINS: [Builtin; 3] = [
     Builtin {
         name: "service",
         wasm: include_bytes!(env!("GUEST_SERVICE_WASM")),
+        sha256: env!("GUEST_SERVICE_SHA256"),
     },
     Builtin {
         name: "datastore",
         wasm: include_bytes!(env!("GUEST_DATASTORE_WASM")),
+        sha256: env!("GUEST_DATASTORE_SHA256"),
     },
     Builtin {
         name: "kvcluster",
         wasm: include_bytes!(env!("GUEST_KVCLUSTER_WASM")),
+        sha256: env!("GUEST_KVCLUSTER_SHA256"),
     },
 ];

@@ -1,12 +1,19 @@
 //! Compiled components on disk, keyed by the wasm's sha256, the wasmtime version and the
-//! engine's compatibility hash, so that a second start does not compile again.
+//! engine's compatibility hash, so that a second start does not compile again; and what each
+//! component's `describe` returned, keyed by its sha256 and the context, so that a second start
+//! does not call it again.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use sha2::{Digest, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::Component;
+
+use crate::types::Context;
 
 /// A directory of precompiled components (`<sha256>-wasmtime<version>-<engine>.cwasm`).
 #[derive(Debug, Clone)]
@@ -60,19 +67,20 @@ impl Cache {
         sha256: &str,
     ) -> Result<(Component, bool), String> {
         let path = self.path(engine, sha256);
-        // Read into memory rather than map the file: a cache file replaced or truncated while
-        // the host runs must not be able to fault the process.
-        if let Ok(bytes) = std::fs::read(&path) {
-            // SAFETY: the bytes are a file this host wrote with `Engine::precompile_component`
-            // for the same wasm (its sha256 is in the name) and an engine with the same
-            // compatibility hash and wasmtime version (also in the name); wasmtime checks the
-            // header, version and engine settings again while deserializing. The cache
-            // directory belongs to the operator and is never visible to plugins.
+        if path.is_file() {
+            // SAFETY: the file is one this host wrote with `Engine::precompile_component` for the
+            // same wasm (its sha256 is in the name) and an engine with the same compatibility
+            // hash and wasmtime version (also in the name); wasmtime checks the header, version
+            // and engine settings again while deserializing. The file is mapped, not copied: the
+            // host only ever replaces cache files by renaming a whole new file over them (see
+            // `write_atomically`), which leaves a mapped file's contents as they were. The cache
+            // directory belongs to the operator and is never visible to plugins; whoever can
+            // write it can already change what the host runs.
             #[allow(
                 unsafe_code,
                 reason = "loading our own precompiled component, see SAFETY"
             )]
-            let loaded = unsafe { Component::deserialize(engine, &bytes) };
+            let loaded = unsafe { Component::deserialize_file(engine, &path) };
             match loaded {
                 Ok(c) => return Ok((c, true)),
                 Err(e) => {
@@ -93,6 +101,51 @@ impl Cache {
         )]
         let component = unsafe { Component::deserialize(engine, &compiled) };
         component.map(|c| (c, false)).map_err(|e| format!("{e:#}"))
+    }
+}
+
+impl Cache {
+    /// Where the description of the component with this sha256 under `ctx` lives. The host's
+    /// version is in the name because the file holds the host's form of the WIT record.
+    fn description_path(&self, sha256: &str, ctx: &Context) -> PathBuf {
+        let mut h = Sha256::new();
+        h.update(ctx.api_group.as_bytes());
+        h.update([0]);
+        h.update(ctx.cluster_domain.as_bytes());
+        let ctx_hash: String = h.finalize()[..8]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        self.dir.join(format!(
+            "{sha256}-host{}-{ctx_hash}.describe.json",
+            env!("CARGO_PKG_VERSION")
+        ))
+    }
+
+    /// The cached description of a component under `ctx`, if there is a readable one.
+    pub(crate) fn load_description<T: DeserializeOwned>(
+        &self,
+        sha256: &str,
+        ctx: &Context,
+    ) -> Option<T> {
+        let path = self.description_path(sha256, ctx);
+        let bytes = std::fs::read(&path).ok()?;
+        serde_json::from_slice(&bytes)
+            .inspect_err(|e| {
+                tracing::warn!(path = %path.display(), "ignoring an unreadable cached description: {e}");
+            })
+            .ok()
+    }
+
+    /// Caches the description of a component under `ctx`; a failure is logged and skipped.
+    pub(crate) fn store_description<T: Serialize>(&self, sha256: &str, ctx: &Context, info: &T) {
+        let path = self.description_path(sha256, ctx);
+        let written = serde_json::to_vec(info)
+            .map_err(std::io::Error::other)
+            .and_then(|json| write_atomically(&path, &json));
+        if let Err(e) = written {
+            tracing::warn!(path = %path.display(), "cannot cache the plugin's description: {e}");
+        }
     }
 }
 

@@ -20,7 +20,7 @@ use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
-pub use builtin::BUILTINS;
+pub use builtin::{BUILTINS, Builtin};
 pub use cache::{Cache, default_cache_dir};
 
 use crate::error::{Error, PluginError, Result};
@@ -122,11 +122,27 @@ impl Runtime {
 
     /// Loads a plugin from its bytes; `source` names it in errors (a path, or `built-in service`).
     pub fn load(&self, wasm: &[u8], source: &str, ctx: &Context) -> Result<Plugin> {
+        self.load_hashed(wasm, hex(&Sha256::digest(wasm)), source, ctx)
+    }
+
+    /// Loads a plugin built into the host (named `built-in <name>` in errors); its sha256 was
+    /// computed when the host was built.
+    pub fn load_builtin(&self, builtin: &Builtin, ctx: &Context) -> Result<Plugin> {
+        let source = format!("built-in {}", builtin.name);
+        self.load_hashed(builtin.wasm, builtin.sha256.to_owned(), &source, ctx)
+    }
+
+    fn load_hashed(
+        &self,
+        wasm: &[u8],
+        sha256: String,
+        source: &str,
+        ctx: &Context,
+    ) -> Result<Plugin> {
         let fail = |reason: String| Error::Load {
             plugin: source.to_owned(),
             reason,
         };
-        let sha256 = hex(&Sha256::digest(wasm));
         let (component, from_cache) = match &self.cache {
             Some(cache) => cache.load_or_compile(&self.engine, wasm, &sha256),
             None => Component::new(&self.engine, wasm)
@@ -156,8 +172,31 @@ impl Runtime {
             limits: self.limits,
             from_cache,
         });
-        let info = inner.describe(ctx).map_err(|e| fail(e.to_string()))?;
+        let info = self.description(&inner, ctx).map_err(fail)?;
         Ok(Plugin { inner, info })
+    }
+
+    /// What the plugin says about itself under `ctx`: from the cache when this component has
+    /// described itself under this context before (`describe` is a pure function of the two),
+    /// else by calling it, and caching the answer.
+    fn description(&self, inner: &Inner, ctx: &Context) -> std::result::Result<PluginInfo, String> {
+        if let Some(cache) = &self.cache
+            && let Some(raw) = cache.load_description(&inner.sha256, ctx)
+        {
+            match bindings::plugin_info(raw) {
+                Ok(info) => return Ok(info),
+                Err(e) => {
+                    tracing::warn!(plugin = %inner.source, "ignoring a cached description: {e}")
+                }
+            }
+        }
+        let raw = inner.describe_raw(ctx).map_err(|e| e.to_string())?;
+        let info = bindings::plugin_info(raw.clone())
+            .map_err(|e| PluginError::BadDescription(e).to_string())?;
+        if let Some(cache) = &self.cache {
+            cache.store_description(&inner.sha256, ctx, &raw);
+        }
+        Ok(info)
     }
 }
 
@@ -234,13 +273,19 @@ struct Inner {
 }
 
 impl Inner {
-    fn describe(&self, ctx: &Context) -> std::result::Result<PluginInfo, PluginError> {
+    fn describe_raw(
+        &self,
+        ctx: &Context,
+    ) -> std::result::Result<bindings::wasm_operator::plugin::types::PluginInfo, PluginError> {
         let wit_ctx = bindings::context(ctx);
-        let info = sandbox::call(&self.pre, &self.engine, self.limits, |p, store| {
+        sandbox::call(&self.pre, &self.engine, self.limits, |p, store| {
             p.wasm_operator_plugin_reconciler()
                 .call_describe(store, &wit_ctx)
-        })?;
-        bindings::plugin_info(info).map_err(PluginError::BadDescription)
+        })
+    }
+
+    fn describe(&self, ctx: &Context) -> std::result::Result<PluginInfo, PluginError> {
+        bindings::plugin_info(self.describe_raw(ctx)?).map_err(PluginError::BadDescription)
     }
 }
 
@@ -295,7 +340,8 @@ impl Plugin {
             .find(|k| k.group == group && k.kind == kind)
     }
 
-    /// Calls the plugin's `describe` in a fresh instance (the host does this once, at load).
+    /// Calls the plugin's `describe` in a fresh instance (the host does this at load, unless the
+    /// compile cache holds this component's description under the same context).
     pub fn describe(&self, ctx: &Context) -> std::result::Result<PluginInfo, PluginError> {
         self.inner.describe(ctx)
     }
@@ -306,6 +352,16 @@ impl Plugin {
         resource: &crate::types::Resource,
         ctx: &Context,
     ) -> std::result::Result<Vec<Value>, PluginError> {
+        parse_manifests(self.render_text(resource, ctx)?)
+    }
+
+    /// Renders `resource` in a fresh instance and returns the manifests as the plugin wrote them
+    /// (JSON texts, within the output cap), before the host parses them.
+    pub fn render_text(
+        &self,
+        resource: &crate::types::Resource,
+        ctx: &Context,
+    ) -> std::result::Result<Vec<String>, PluginError> {
         let wit_ctx = bindings::context(ctx);
         let wit_resource = bindings::resource(resource);
         let limits = self.inner.limits;
@@ -313,7 +369,7 @@ impl Plugin {
             p.wasm_operator_plugin_reconciler()
                 .call_render(store, &wit_resource, &wit_ctx)
         })?;
-        manifests(out, limits)
+        capped(out, limits)
     }
 
     /// One instance kept for several renders, for measuring what isolation costs. A session
@@ -350,12 +406,21 @@ impl fmt::Debug for Session {
 }
 
 impl Session {
-    /// Renders on the session's instance.
+    /// Renders on the session's instance; each manifest is parsed as a JSON object.
     pub fn render(
         &mut self,
         resource: &crate::types::Resource,
         ctx: &Context,
     ) -> std::result::Result<Vec<Value>, PluginError> {
+        parse_manifests(self.render_text(resource, ctx)?)
+    }
+
+    /// Renders on the session's instance and returns the manifests as JSON texts.
+    pub fn render_text(
+        &mut self,
+        resource: &crate::types::Resource,
+        ctx: &Context,
+    ) -> std::result::Result<Vec<String>, PluginError> {
         sandbox::arm_deadline(&mut self.store, self.limits);
         let out = self.bindings.wasm_operator_plugin_reconciler().call_render(
             &mut self.store,
@@ -363,15 +428,15 @@ impl Session {
             &bindings::context(ctx),
         );
         let out = sandbox::check(out, &self.store, &self.stderr, self.limits)?;
-        manifests(out, self.limits)
+        capped(out, self.limits)
     }
 }
 
-/// Checks and parses what `render` returned.
-fn manifests(
+/// What `render` returned, as the manifests' texts within the output cap, or the plugin's error.
+fn capped(
     out: std::result::Result<Vec<String>, bindings::wasm_operator::plugin::types::RenderError>,
     limits: Limits,
-) -> std::result::Result<Vec<Value>, PluginError> {
+) -> std::result::Result<Vec<String>, PluginError> {
     let manifests = out.map_err(|e| PluginError::Render {
         field: e.field,
         message: e.message,
@@ -383,6 +448,11 @@ fn manifests(
             limit: limits.output_bytes,
         });
     }
+    Ok(manifests)
+}
+
+/// Parses each manifest text as a JSON object.
+fn parse_manifests(manifests: Vec<String>) -> std::result::Result<Vec<Value>, PluginError> {
     manifests
         .iter()
         .enumerate()

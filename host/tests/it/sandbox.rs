@@ -1,6 +1,6 @@
 //! The sandbox: a hostile plugin is contained, named, and the host keeps serving.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use host::error::{Error, PluginError};
@@ -186,27 +186,70 @@ fn a_second_start_loads_from_the_compile_cache() {
     };
     let first = load();
     assert!(!first.from_cache());
-    let cached: Vec<PathBuf> = std::fs::read_dir(dir.path())
+    let mut cached: Vec<PathBuf> = std::fs::read_dir(dir.path())
         .unwrap()
         .map(|e| e.unwrap().path())
         .collect();
-    assert_eq!(cached.len(), 1, "{cached:?}");
-    let file = cached[0]
-        .file_name()
-        .unwrap()
-        .to_string_lossy()
-        .into_owned();
+    cached.sort();
+    let names: Vec<String> = cached
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    let (compiled, description) = if names[0].ends_with(".cwasm") {
+        (&cached[0], &cached[1])
+    } else {
+        (&cached[1], &cached[0])
+    };
+    let compiled_name = compiled.file_name().unwrap().to_string_lossy();
     assert!(
-        file.starts_with(first.sha256()) && file.contains("wasmtime48."),
-        "{file}"
+        compiled_name.starts_with(first.sha256()) && compiled_name.contains("wasmtime48."),
+        "{compiled_name}"
+    );
+    let description_name = description.file_name().unwrap().to_string_lossy();
+    assert!(
+        description_name.starts_with(first.sha256())
+            && description_name.ends_with(".describe.json"),
+        "{description_name}"
     );
     let second = load();
     assert!(second.from_cache());
+    assert_eq!(second.info(), first.info());
 
-    // A damaged cache entry is ignored and replaced, never trusted.
-    std::fs::write(&cached[0], b"garbage").unwrap();
+    // The description comes from the cache, not from a call: an edit to it shows.
+    let text = std::fs::read_to_string(description).unwrap();
+    let version = format!("\"version\":\"{}\"", first.info().version);
+    assert!(text.contains(&version), "{text}");
+    std::fs::write(
+        description,
+        text.replace(&version, "\"version\":\"edited\""),
+    )
+    .unwrap();
+    assert_eq!(load().info().version, "edited");
+
+    // A description another context asked for is not reused.
+    let runtime = Runtime::new(limits(), Some(Cache::new(dir.path()))).unwrap();
+    let other = Context {
+        api_group: "lux.cloud".to_owned(),
+        ..Context::default()
+    };
+    let lux = runtime.load(&wasm, "hostile.wasm", &other).unwrap();
+    assert_eq!(lux.info().version, first.info().version);
+
+    // Damaged entries are ignored and replaced, never trusted. (The host maps compiled
+    // components; it only ever replaces cache files by renaming, so no component it has loaded
+    // is damaged in place, here or by another host sharing the directory.)
+    let expected = first.info().clone();
+    drop((first, second, lux));
+    std::fs::write(compiled, b"garbage").unwrap();
+    std::fs::write(description, b"{\"name\":\"hostile\"}").unwrap();
     let third = load();
     assert!(!third.from_cache());
-    assert!(std::fs::metadata(&cached[0]).unwrap().len() > 1000);
-    let _ = Path::new("");
+    assert_eq!(third.info(), &expected);
+    assert!(std::fs::metadata(compiled).unwrap().len() > 1000);
+    assert!(
+        std::fs::read_to_string(description)
+            .unwrap()
+            .contains(&version)
+    );
 }
