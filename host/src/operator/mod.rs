@@ -3,29 +3,32 @@
 //! One controller per Kind the plugins serve. Each reconciliation renders the resource through its
 //! plugin (in a fresh sandboxed instance), checks every object, and server-side applies it under
 //! one field manager with the host's owner reference and ownership label; children a render no
-//! longer returns are deleted. Child kinds are watched (metadata only, by the ownership label), so
+//! longer returns are deleted. Child kinds are watched (by the ownership label; the cache keeps
+//! metadata, and status for the kinds whose readiness counts), so
 //! a child deleted or edited by hand brings its owner back to reconcile. Status follows kstatus
 //! (`Ready`, `Reconciling`, `Stalled`, `observedGeneration`); nothing is written when nothing
 //! changed.
 
 pub mod metrics;
 mod reconcile;
+mod report;
 mod status;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{Hash, Hasher};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
 use futures::channel::mpsc;
-use kube::api::{Api, DynamicObject, PartialObjectMeta};
+use kube::api::{Api, DynamicObject};
 use kube::core::GroupVersionKind;
 use kube::discovery::{ApiResource, Scope, pinned_kind};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::{PredicateConfig, WatchStreamExt, watcher};
 use tokio::sync::watch;
 
 pub use metrics::Metrics;
@@ -87,24 +90,84 @@ pub struct Settings {
 /// A child kind that the cluster serves and that is watched.
 pub(crate) struct ChildKind {
     pub ar: ApiResource,
-    pub store: Store<PartialObjectMeta<DynamicObject>>,
+    /// The live children of this kind, as [`trim_child`] keeps them.
+    pub store: Store<DynamicObject>,
 }
 
 /// What every controller shares.
 pub(crate) struct Shared {
     pub client: kube::Client,
     pub registry: Arc<Registry>,
-    pub recorder: Recorder,
+    pub reports: report::Reports,
     pub metrics: Arc<Metrics>,
     /// Child kinds by `group/version/Kind`: `Ok` watched, `Err` why not (not installed, ...).
     pub children: BTreeMap<String, Result<ChildKind, String>>,
     /// What each child looked like after our last apply, to skip writes when nothing changed.
     pub applied: Mutex<BTreeMap<String, reconcile::Applied>>,
+    /// Which children (by kind key, namespace and name) carry each owner's ownership label.
+    pub owned: Mutex<OwnerIndex>,
     /// Failures in a row per resource, for backoff.
     pub failures: Mutex<BTreeMap<String, u32>>,
 }
 
 /// The context of one Kind's controller.
+/// The children the watches show, by the owner uid in their ownership label, so that a
+/// reconciliation finds its own without scanning every child.
+#[derive(Debug, Default)]
+pub(crate) struct OwnerIndex {
+    by_owner: BTreeMap<String, BTreeSet<ChildId>>,
+    owner_of: BTreeMap<ChildId, String>,
+}
+
+/// A child: its kind key (`group/version/Kind`), namespace and name.
+type ChildId = (String, String, String);
+
+impl OwnerIndex {
+    /// Records that `child` carries the ownership label `owner` (or none).
+    fn set(&mut self, child: ChildId, owner: Option<&str>) {
+        self.remove(&child);
+        if let Some(owner) = owner {
+            self.by_owner
+                .entry(owner.to_owned())
+                .or_default()
+                .insert(child.clone());
+            self.owner_of.insert(child, owner.to_owned());
+        }
+    }
+
+    fn remove(&mut self, child: &ChildId) {
+        if let Some(owner) = self.owner_of.remove(child)
+            && let Some(set) = self.by_owner.get_mut(&owner)
+        {
+            set.remove(child);
+            if set.is_empty() {
+                self.by_owner.remove(&owner);
+            }
+        }
+    }
+
+    /// Forgets every child of one kind (before a relist of it).
+    fn clear_kind(&mut self, kind_key: &str) {
+        let gone: Vec<ChildId> = self
+            .owner_of
+            .keys()
+            .filter(|(k, _, _)| k == kind_key)
+            .cloned()
+            .collect();
+        for child in &gone {
+            self.remove(child);
+        }
+    }
+
+    /// The children that carry `owner`'s ownership label.
+    pub(crate) fn owned_by(&self, owner: &str) -> Vec<ChildId> {
+        self.by_owner
+            .get(owner)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
 pub(crate) struct KindCtx {
     pub shared: Arc<Shared>,
     pub ar: ApiResource,
@@ -179,6 +242,13 @@ pub async fn run(
 
     let (shared, writers) = setup(client.clone(), registry, metrics.clone(), &settings).await?;
     let shared = Arc::new(shared);
+    let mut report_workers = Vec::new();
+    for _ in 0..report::WORKERS {
+        let shared = shared.clone();
+        report_workers.push(tokio::spawn(async move {
+            shared.reports.work(&shared.metrics).await;
+        }));
+    }
     metrics.set_ready(true);
 
     // Stop on shutdown, or when another replica takes the lease.
@@ -233,7 +303,19 @@ pub async fn run(
         });
         let Ok(rx) = rx else { continue };
         let mut stop = trigger_tx.subscribe();
-        let run = Controller::new_with(api, watcher::Config::default().any_semantic(), ar.clone())
+        // A resource is rendered again when what its render reads changes (spec, labels,
+        // annotations), not when only its status does: most of its updates are our own status
+        // writes. Children's events, resyncs and retries reach it through the scheduler.
+        let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
+        let reader = writer.as_reader();
+        let trigger = reflector::reflector(
+            writer,
+            watcher(api, watcher::Config::default().any_semantic()),
+        )
+        .default_backoff()
+        .applied_objects()
+        .predicate_filter(render_input, PredicateConfig::default());
+        let run = Controller::for_stream_with(trigger, reader, ar.clone())
             .with_config(
                 kube::runtime::controller::Config::default()
                     .concurrency(settings.concurrency)
@@ -255,6 +337,11 @@ pub async fn run(
     }
     for c in controllers {
         let _ = c.await;
+    }
+    // Finish what the last reconciliations had to report before stepping down.
+    shared.reports.flush(Duration::from_secs(10)).await;
+    for w in report_workers {
+        w.abort();
     }
     metrics.set_ready(false);
     if let Some((rx, handle)) = leadership {
@@ -296,9 +383,7 @@ async fn setup(
                     Err(format!("{} is cluster-scoped", child.kind))
                 }
                 Ok((ar, _)) => {
-                    let writer = reflector::store::Writer::<PartialObjectMeta<DynamicObject>>::new(
-                        ar.clone(),
-                    );
+                    let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
                     let store = writer.as_reader();
                     writers.push((ar.clone(), writer));
                     Ok(ChildKind { ar, store })
@@ -323,46 +408,107 @@ async fn setup(
         instance: Some(settings.identity.clone()),
     };
     let shared = Shared {
-        recorder: Recorder::new(client.clone(), reporter),
+        reports: report::Reports::new(client.clone(), Recorder::new(client.clone(), reporter)),
         client,
         registry: Arc::new(registry),
         metrics,
         children,
         applied: Mutex::new(BTreeMap::new()),
+        owned: Mutex::new(OwnerIndex::default()),
         failures: Mutex::new(BTreeMap::new()),
     };
     Ok((shared, writers))
 }
 
-type Writer = (
-    ApiResource,
-    reflector::store::Writer<PartialObjectMeta<DynamicObject>>,
-);
+type Writer = (ApiResource, reflector::store::Writer<DynamicObject>);
 
 /// Each served Kind's controller by `apiVersion/Kind`: its discovered resource and its trigger.
 type Owners =
     Arc<Mutex<BTreeMap<String, (ApiResource, mpsc::UnboundedSender<ObjectRef<DynamicObject>>)>>>;
 
-/// Watches every served child kind (metadata only, by the ownership label), keeps the caches
+/// Watches every served child kind (by the ownership label), keeps the caches
 /// the reconciler prunes from, and sends each change to the controller of the child's owner.
 fn dispatch_children(shared: &Arc<Shared>, writers: Vec<Writer>, settings: &Settings) -> Owners {
     let owners: Owners = Arc::new(Mutex::new(BTreeMap::new()));
     for (child_ar, writer) in writers {
-        // Metadata only: children can be large, and only their metadata is needed here.
-        let api: Api<PartialObjectMeta<DynamicObject>> = match &settings.namespace {
+        let api: Api<DynamicObject> = match &settings.namespace {
             Some(ns) => Api::namespaced_with(shared.client.clone(), ns, &child_ar),
             None => Api::all_with(shared.client.clone(), &child_ar),
         };
         let config = watcher::Config::default()
             .labels(OWNER_LABEL)
             .any_semantic();
-        let stream = reflector::reflector(writer, watcher(api, config)).default_backoff();
+        // Children can be large: the store keeps only what reconciliation reads of them.
+        let kind = child_ar.kind.clone();
+        let trimmed = watcher(api, config).modify(move |o| trim_child(o, &kind));
+        let stream = reflector::reflector(writer, trimmed).default_backoff();
         let owners = owners.clone();
+        let shared = shared.clone();
+        let kind_key = gvk_key(&child_ar.api_version, &child_ar.kind);
         tokio::spawn(async move {
             futures::pin_mut!(stream);
             while let Some(event) = stream.next().await {
+                let id = |o: &DynamicObject| -> ChildId {
+                    (
+                        kind_key.clone(),
+                        o.metadata.namespace.clone().unwrap_or_default(),
+                        o.metadata.name.clone().unwrap_or_default(),
+                    )
+                };
+                let owner_label = |o: &DynamicObject| -> Option<String> {
+                    o.metadata.labels.as_ref()?.get(OWNER_LABEL).cloned()
+                };
                 let o = match event {
-                    Ok(watcher::Event::Apply(o) | watcher::Event::Delete(o)) => o,
+                    // A relist (after the API server went away, say) shows what changed meanwhile
+                    // as InitApply: it wakes the owner as a change would.
+                    Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
+                        let owner = owner_label(&o);
+                        if let Ok(mut index) = shared.owned.lock() {
+                            index.set(id(&o), owner.as_deref());
+                        }
+                        // Our own apply coming back through the watch: nothing to do.
+                        let key = format!(
+                            "{}/{kind_key}/{}",
+                            owner.unwrap_or_default(),
+                            o.metadata.name.as_deref().unwrap_or_default()
+                        );
+                        let echo = shared
+                            .applied
+                            .lock()
+                            .is_ok_and(|a| a.get(&key).is_some_and(|r| r.is_echo(&o)));
+                        if echo {
+                            continue;
+                        }
+                        o
+                    }
+                    Ok(watcher::Event::Delete(o)) => {
+                        if let Ok(mut index) = shared.owned.lock() {
+                            index.remove(&id(&o));
+                        }
+                        // Gone: the next reconciliation of its owner must apply it again.
+                        if let Ok(mut applied) = shared.applied.lock() {
+                            for owner in o.metadata.owner_references.iter().flatten() {
+                                applied.remove(&format!(
+                                    "{}/{kind_key}/{}",
+                                    owner.uid,
+                                    o.metadata.name.as_deref().unwrap_or_default()
+                                ));
+                            }
+                        }
+                        o
+                    }
+                    Ok(watcher::Event::Init) => {
+                        // A relist: deletions while the watch was down are not seen as such,
+                        // so forget every apply of this kind.
+                        let infix = format!("/{kind_key}/");
+                        if let Ok(mut applied) = shared.applied.lock() {
+                            applied.retain(|k, _| !k.contains(&infix));
+                        }
+                        if let Ok(mut index) = shared.owned.lock() {
+                            index.clear_kind(&kind_key);
+                        }
+                        continue;
+                    }
                     Ok(_) => continue,
                     Err(e) => {
                         tracing::debug!("child watch: {e}");
@@ -390,6 +536,69 @@ fn dispatch_children(shared: &Arc<Shared>, writers: Vec<Writer>, settings: &Sett
 }
 
 /// How long to wait after the `n`th failure in a row: 1 s doubling to 5 minutes.
+/// Adds to `child` what the host owns on every child of a resource: the controller owner
+/// reference to it, the ownership label (`wasm-operator.dev/owner: <uid>`) and
+/// `app.kubernetes.io/managed-by`. The operator applies children exactly so stamped.
+pub fn stamp_child(
+    child: &mut serde_json::Value,
+    owner_api_version: &str,
+    owner_kind: &str,
+    owner_name: &str,
+    owner_uid: &str,
+) {
+    let meta = &mut child["metadata"];
+    if !meta["labels"].is_object() {
+        meta["labels"] = serde_json::json!({});
+    }
+    meta["labels"][OWNER_LABEL] = owner_uid.into();
+    meta["labels"]["app.kubernetes.io/managed-by"] = MANAGED_BY.into();
+    meta["ownerReferences"] = serde_json::json!([{
+        "apiVersion": owner_api_version,
+        "kind": owner_kind,
+        "name": owner_name,
+        "uid": owner_uid,
+        "controller": true,
+        "blockOwnerDeletion": true,
+    }]);
+}
+
+/// What the host keeps of a live child: its metadata without `managedFields`, and for the kinds
+/// whose readiness it reports (Deployment, StatefulSet) their `status` and `spec.replicas`.
+pub(crate) fn trim_child(obj: &mut DynamicObject, kind: &str) {
+    obj.metadata.managed_fields = None;
+    if status::reports_readiness(kind) {
+        let replicas = obj.data.pointer("/spec/replicas").cloned();
+        let status = obj.data.get("status").cloned();
+        let mut kept = serde_json::Map::new();
+        if let Some(r) = replicas {
+            kept.insert("spec".into(), serde_json::json!({ "replicas": r }));
+        }
+        if let Some(s) = status {
+            kept.insert("status".into(), s);
+        }
+        obj.data = serde_json::Value::Object(kept);
+    } else {
+        obj.data = serde_json::Value::Null;
+    }
+}
+
+/// A hash of what a render reads from a resource besides its name: generation (the spec),
+/// labels and annotations; and its uid, so that a resource created again under the same name
+/// counts as new.
+fn render_input(obj: &DynamicObject) -> Option<u64> {
+    let mut h = std::hash::DefaultHasher::new();
+    let meta = &obj.metadata;
+    (
+        &meta.uid,
+        meta.generation,
+        &meta.labels,
+        &meta.annotations,
+        meta.deletion_timestamp.is_some(),
+    )
+        .hash(&mut h);
+    Some(h.finish())
+}
+
 pub(crate) fn backoff(n: u32) -> Action {
     let secs = 1u64.checked_shl(n.min(9)).unwrap_or(300).min(300);
     Action::requeue(Duration::from_secs(secs))

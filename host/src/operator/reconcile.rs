@@ -13,8 +13,9 @@ use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 
 use super::metrics::{ControllerLabels, FailureLabels, Metrics, PluginLabels, ResultLabels};
+use super::report::{self, Key};
 use super::status::{self, Child, Outcome, Skipped};
-use super::{FIELD_MANAGER, KindCtx, MANAGED_BY, OWNER_LABEL, backoff, gvk_key};
+use super::{FIELD_MANAGER, KindCtx, backoff, gvk_key};
 use crate::types::Resource as PluginResource;
 
 /// How often a resource is rendered again with no event (a resync).
@@ -26,6 +27,13 @@ pub(crate) struct Applied {
     hash: u64,
     generation: Option<i64>,
     resource_version: Option<String>,
+}
+
+impl Applied {
+    /// Whether `live` is exactly what our apply left (its echo through the watch).
+    pub(crate) fn is_echo(&self, live: &DynamicObject) -> bool {
+        self.resource_version.is_some() && live.metadata.resource_version == self.resource_version
+    }
 }
 
 /// Why a reconciliation failed (it is retried with backoff).
@@ -135,21 +143,33 @@ fn hash(v: &Value) -> u64 {
 /// Adds what the host owns on every child: the controller owner reference, the ownership label
 /// and `managed-by`.
 fn stamp(child: &mut Value, owner: &DynamicObject, ctx: &KindCtx) {
-    let uid = owner.metadata.uid.clone().unwrap_or_default();
-    let meta = &mut child["metadata"];
-    if !meta["labels"].is_object() {
-        meta["labels"] = json!({});
-    }
-    meta["labels"][OWNER_LABEL] = uid.clone().into();
-    meta["labels"]["app.kubernetes.io/managed-by"] = MANAGED_BY.into();
-    meta["ownerReferences"] = json!([{
-        "apiVersion": ctx.ar.api_version,
-        "kind": ctx.ar.kind,
-        "name": owner.name_any(),
-        "uid": uid,
-        "controller": true,
-        "blockOwnerDeletion": true,
-    }]);
+    let uid = owner.metadata.uid.as_deref().unwrap_or_default();
+    super::stamp_child(
+        child,
+        &ctx.ar.api_version,
+        &ctx.ar.kind,
+        &owner.name_any(),
+        uid,
+    );
+}
+
+/// One rendered child, and what to do with it.
+struct Planned<'a> {
+    api_version: String,
+    kind: String,
+    name: String,
+    served: &'a super::ChildKind,
+    /// The object to apply, stamped.
+    child: Value,
+    hash: u64,
+    /// Its key in `Shared::applied`.
+    cache_key: String,
+    /// Whether it is left as it is.
+    skip: bool,
+    /// Whether applying it changes it (for the `Applied` event).
+    changed: bool,
+    /// For a child left as it is whose readiness counts, the watch's copy.
+    live: Option<Arc<DynamicObject>>,
 }
 
 /// Whether the live child still is what we last applied: same desired object, our labels and
@@ -159,7 +179,7 @@ fn unchanged(
     desired: &Value,
     hash: u64,
     applied: Option<&Applied>,
-    live: Option<&kube::api::PartialObjectMeta<DynamicObject>>,
+    live: Option<&DynamicObject>,
 ) -> bool {
     let (Some(applied), Some(live)) = (applied, live) else {
         return false;
@@ -198,8 +218,8 @@ fn unchanged(
     }
 }
 
-async fn publish(ctx: &KindCtx, obj: &DynamicObject, type_: EventType, reason: &str, note: String) {
-    ctx.shared.metrics.write("event", "events.events.k8s.io");
+/// Asks for an event about `obj`; it is written off the reconciliation's path.
+fn publish(ctx: &KindCtx, obj: &DynamicObject, type_: EventType, reason: &str, note: String) {
     let event = Event {
         type_,
         reason: reason.to_owned(),
@@ -207,23 +227,36 @@ async fn publish(ctx: &KindCtx, obj: &DynamicObject, type_: EventType, reason: &
         action: "Reconcile".into(),
         secondary: None,
     };
-    if let Err(e) = ctx
-        .shared
-        .recorder
-        .publish(&event, &obj.object_ref(&ctx.ar))
-        .await
-    {
-        tracing::debug!("event not recorded: {e}");
+    ctx.shared
+        .reports
+        .event(event, obj.object_ref(&ctx.ar), &ctx.controller);
+}
+
+fn report_key(ctx: &KindCtx, obj: &DynamicObject) -> Key {
+    Key {
+        controller: ctx.controller.clone(),
+        namespace: obj.namespace().unwrap_or_default(),
+        name: obj.name_any(),
     }
 }
 
-/// Writes status when it differs from the current one; returns whether it changed.
-async fn write_status(
+/// The status `obj` has or is about to have: one not yet written is newer than the watch's.
+fn current_status(ctx: &KindCtx, obj: &DynamicObject) -> Option<Value> {
+    ctx.shared
+        .reports
+        .pending_status(&report_key(ctx, obj))
+        .or_else(|| obj.data.get("status").cloned())
+}
+
+/// Asks for `desired` to be written as the status of `obj` when it differs from its current
+/// one (see [`current_status`]); returns whether it differs.
+fn report_status(
     ctx: &KindCtx,
     obj: &DynamicObject,
+    current: Option<&Value>,
     desired: Value,
-) -> Result<bool, kube::Error> {
-    let current = obj.data.get("status");
+    settling: bool,
+) -> bool {
     let comparable = |v: &Value| {
         let mut v = v.clone();
         if let Some(conds) = v.get_mut("conditions").and_then(Value::as_array_mut) {
@@ -236,22 +269,17 @@ async fn write_status(
         v
     };
     if status::same(&comparable(&desired), current.map(comparable).as_ref()) {
-        return Ok(false);
+        return false;
     }
-    let api: Api<DynamicObject> = Api::namespaced_with(
-        ctx.shared.client.clone(),
-        &obj.namespace().unwrap_or_default(),
-        &ctx.ar,
-    );
-    ctx.shared.metrics.write("apply_status", &ctx.controller);
-    let patch = json!({ "apiVersion": ctx.ar.api_version, "kind": ctx.ar.kind, "status": desired });
-    api.patch_status(
-        &obj.name_any(),
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await?;
-    Ok(true)
+    let hold = if settling {
+        report::SETTLING
+    } else {
+        Duration::ZERO
+    };
+    ctx.shared
+        .reports
+        .status(report_key(ctx, obj), &ctx.ar, desired, hold);
+    true
 }
 
 async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, ReconcileError> {
@@ -304,14 +332,10 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
                 children: vec![],
                 skipped: vec![],
             };
-            if write_status(
-                ctx,
-                obj,
-                status::status(&outcome, generation, obj.data.get("status"), &plugin_id),
-            )
-            .await?
-            {
-                publish(ctx, obj, EventType::Warning, e.reason(), e.to_string()).await;
+            let current = current_status(ctx, obj);
+            let desired = status::status(&outcome, generation, current.as_ref(), &plugin_id);
+            if report_status(ctx, obj, current.as_ref(), desired, false) {
+                publish(ctx, obj, EventType::Warning, e.reason(), e.to_string());
             }
             // Nothing changes until the spec (or the plugin) does; look again now and then.
             return Ok(Action::requeue(RESYNC));
@@ -365,58 +389,77 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
             .lock()
             .ok()
             .and_then(|a| a.get(&cache_key).cloned());
-        let skip = unchanged(&child, h, previous.as_ref(), live.as_deref());
+        // A child we applied that the watch has not shown yet is not applied again: a deletion
+        // of it is seen by the watch, which then forgets the apply (see `dispatch_children`).
+        let not_seen_yet = live.is_none() && previous.as_ref().is_some_and(|p| p.hash == h);
+        let skip = not_seen_yet || unchanged(&child, h, previous.as_ref(), live.as_deref());
         let changed = previous.is_none_or(|p| p.hash != h) || live.is_none();
-        work.push((
+        // A child left as it is reports readiness from the watch's copy.
+        let live = live.filter(|_| skip && status::reports_readiness(&kind));
+        work.push(Planned {
             api_version,
             kind,
             name,
             served,
             child,
-            h,
+            hash: h,
             cache_key,
             skip,
             changed,
-        ));
-    }
-    let calls = work
-        .iter()
-        .map(|(_, kind, name, served, child, _, _, skip, _)| {
-            let api: Api<DynamicObject> =
-                Api::namespaced_with(shared.client.clone(), &namespace, &served.ar);
-            let needs_live_status = matches!(kind.as_str(), "Deployment" | "StatefulSet");
-            if !*skip {
-                shared.metrics.write(
-                    "apply",
-                    &format!("{}.{}", served.ar.plural, served.ar.group),
-                );
-            }
-            async move {
-                if *skip {
-                    if needs_live_status {
-                        api.get_opt(name).await
-                    } else {
-                        Ok(None)
-                    }
-                } else {
-                    api.patch(
-                        name,
-                        &PatchParams::apply(FIELD_MANAGER).force(),
-                        &Patch::Apply(child),
-                    )
-                    .await
-                    .map(Some)
-                }
-            }
+            live,
         });
+    }
+    let calls = work.iter().map(|p| {
+        let Planned {
+            name,
+            served,
+            child,
+            skip,
+            live,
+            ..
+        } = p;
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(shared.client.clone(), &namespace, &served.ar);
+        if !*skip {
+            shared.metrics.write(
+                "apply",
+                &format!("{}.{}", served.ar.plural, served.ar.group),
+            );
+        }
+        async move {
+            if *skip {
+                Ok(live.as_deref().cloned())
+            } else {
+                api.patch(
+                    name,
+                    &PatchParams::apply(FIELD_MANAGER).force(),
+                    &Patch::Apply(child),
+                )
+                .await
+                .map(Some)
+            }
+        }
+    });
+    let applying = shared
+        .reports
+        .applying(work.iter().filter(|w| !w.skip).count());
     let results = futures::future::join_all(calls).await;
+    drop(applying);
 
     let mut children = Vec::new();
     let mut failures = Vec::new();
     let mut applied_now = Vec::new();
-    for ((api_version, kind, name, _, _, h, cache_key, skip, changed), result) in
-        work.into_iter().zip(results)
-    {
+    for (planned, result) in work.into_iter().zip(results) {
+        let Planned {
+            api_version,
+            kind,
+            name,
+            hash: h,
+            cache_key,
+            skip,
+            changed,
+            ..
+        } = planned;
         let live_object = match result {
             Ok(out) => {
                 if let (false, Some(out)) = (skip, &out) {
@@ -452,7 +495,12 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
             Err(e) => return Err(e.into()),
         };
         let live_value = live_object.map(|o| serde_json::to_value(o).unwrap_or_default());
-        let (ready, message) = status::child_ready(&kind, live_value.as_ref());
+        let (ready, message) = if live_value.is_none() && status::reports_readiness(&kind) {
+            // Applied moments ago, not yet seen by the watch: its status is still to come.
+            (false, "not observed yet".to_owned())
+        } else {
+            status::child_ready(&kind, live_value.as_ref())
+        };
         children.push(Child {
             api_version,
             kind,
@@ -468,51 +516,51 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
             EventType::Normal,
             "Applied",
             format!("applied {}", applied_now.join(", ")),
-        )
-        .await;
+        );
     }
 
-    // Prune what this render no longer returns.
-    for (key, served) in shared
-        .children
-        .iter()
-        .filter_map(|(k, c)| c.as_ref().ok().map(|c| (k, c)))
-    {
-        for m in served.store.state() {
-            let mine = m.metadata.labels.as_ref().and_then(|l| l.get(OWNER_LABEL)) == Some(&uid)
-                && m.metadata.namespace.as_deref() == Some(namespace.as_str());
-            let name = m.name_any();
-            if !mine
-                || desired_names.contains(&format!("{key}/{name}"))
-                || m.metadata.deletion_timestamp.is_some()
-            {
-                continue;
-            }
-            let api: Api<DynamicObject> =
-                Api::namespaced_with(shared.client.clone(), &namespace, &served.ar);
-            shared.metrics.write(
-                "delete",
-                &format!("{}.{}", served.ar.plural, served.ar.group),
-            );
-            match api.delete(&name, &DeleteParams::background()).await {
-                Ok(_) | Err(kube::Error::Api(_)) => {}
-                Err(e) => return Err(e.into()),
-            }
-            if let Ok(mut a) = shared.applied.lock() {
-                a.remove(&format!("{uid}/{key}/{name}"));
-            }
-            publish(
-                ctx,
-                obj,
-                EventType::Normal,
-                "Pruned",
-                format!(
-                    "deleted {} {name}: the render no longer returns it",
-                    served.ar.kind
-                ),
-            )
-            .await;
+    // Prune what this render no longer returns: the children the watches show with our
+    // ownership label.
+    let owned = shared
+        .owned
+        .lock()
+        .map(|index| index.owned_by(&uid))
+        .unwrap_or_default();
+    for (key, child_namespace, name) in owned {
+        let Some(Ok(served)) = shared.children.get(&key) else {
+            continue;
+        };
+        let gone = served
+            .store
+            .get(&ObjectRef::new_with(&name, served.ar.clone()).within(&child_namespace))
+            .is_none_or(|m| m.metadata.deletion_timestamp.is_some());
+        if child_namespace != namespace || desired_names.contains(&format!("{key}/{name}")) || gone
+        {
+            continue;
         }
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(shared.client.clone(), &namespace, &served.ar);
+        shared.metrics.write(
+            "delete",
+            &format!("{}.{}", served.ar.plural, served.ar.group),
+        );
+        match api.delete(&name, &DeleteParams::background()).await {
+            Ok(_) | Err(kube::Error::Api(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+        if let Ok(mut a) = shared.applied.lock() {
+            a.remove(&format!("{uid}/{key}/{name}"));
+        }
+        publish(
+            ctx,
+            obj,
+            EventType::Normal,
+            "Pruned",
+            format!(
+                "deleted {} {name}: the render no longer returns it",
+                served.ar.kind
+            ),
+        );
     }
 
     let outcome = if failures.is_empty() {
@@ -525,14 +573,13 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
             skipped,
         }
     };
-    let changed = write_status(
-        ctx,
-        obj,
-        status::status(&outcome, generation, obj.data.get("status"), &plugin_id),
-    )
-    .await?;
+    let current = current_status(ctx, obj);
+    let desired = status::status(&outcome, generation, current.as_ref(), &plugin_id);
+    let settling =
+        matches!(&outcome, Outcome::Applied { children, .. } if children.iter().any(|c| !c.ready));
+    let changed = report_status(ctx, obj, current.as_ref(), desired, settling);
     if let (true, Outcome::Stalled { message, .. }) = (changed, &outcome) {
-        publish(ctx, obj, EventType::Warning, "ApplyFailed", message.clone()).await;
+        publish(ctx, obj, EventType::Warning, "ApplyFailed", message.clone());
     }
     Ok(Action::requeue(RESYNC))
 }

@@ -22,6 +22,12 @@ pub(crate) struct Skipped {
     pub reason: String,
 }
 
+/// Whether the status of a child of this kind says when it is ready (the others count as ready
+/// once they exist).
+pub(crate) fn reports_readiness(kind: &str) -> bool {
+    matches!(kind, "Deployment" | "StatefulSet")
+}
+
 /// Whether a child is ready, from its live object (`None`: not read, it exists).
 pub(crate) fn child_ready(kind: &str, live: Option<&Value>) -> (bool, String) {
     let Some(o) = live else {

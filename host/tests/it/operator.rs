@@ -551,20 +551,29 @@ async fn runs_with_its_rbac_skips_missing_crds_and_survives_an_api_server_restar
     // Change the spec and kill the API server while the operator works on it.
     apply(&cp, &ns, &monitored.replace("replicas: 2", "replicas: 4"));
     tokio::task::block_in_place(|| cp.restart_apiserver(Duration::from_secs(3))).unwrap();
-    eventually(
-        "the operator to converge after the restart",
-        Duration::from_secs(180),
-        || {
-            let d = get(&cp, &ns, "deployment/web");
-            let w = get(&cp, &ns, "services.hanzo.ai/web");
-            d.is_some_and(|d| d["spec"]["replicas"] == 4)
-                && w.is_some_and(|w| {
-                    w["status"]["observedGeneration"] == w["metadata"]["generation"]
-                        && condition(&w, "Ready").0 == "True"
-                })
-        },
-    )
-    .await;
+    let converged = || {
+        let d = get(&cp, &ns, "deployment/web");
+        let w = get(&cp, &ns, "services.hanzo.ai/web");
+        d.is_some_and(|d| d["spec"]["replicas"] == 4)
+            && w.is_some_and(|w| {
+                w["status"]["observedGeneration"] == w["metadata"]["generation"]
+                    && condition(&w, "Ready").0 == "True"
+            })
+    };
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while !converged() {
+        assert!(
+            Instant::now() < deadline,
+            "not converged 180 s after the API server restart:\n{}\n{}",
+            kubectl(
+                &cp,
+                &["get", "-n", &ns, "services.hanzo.ai/web", "-o", "yaml"]
+            )
+            .1,
+            kubectl(&cp, &["get", "-n", &ns, "deployment/web", "-o", "yaml"]).1,
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     op.stop().await;
 }
 

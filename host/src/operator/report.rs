@@ -1,0 +1,298 @@
+//! Status writes and events, off the reconciliation's path.
+//!
+//! A reconciliation's children are what users wait for, so its slot is freed as soon as they are
+//! applied; what it has to report goes to a queue that a few workers write. Status writes are
+//! coalesced per resource: when a resource's status changes again before the last change was
+//! written (a burst of new resources, a rollout), only the newest status is written. A status
+//! that says the resource is still settling (children applied, not all ready yet) waits up to
+//! [`SETTLING`] for its successor, so that a resource whose children become ready quickly goes
+//! from no status straight to Ready in one write; a status with `observedGeneration` behind the
+//! generation is `InProgress` to kstatus readers meanwhile, which is what it is. Events are
+//! written in order.
+//!
+//! Applies come first: while children are being applied (a burst after a start or an upgrade),
+//! reports wait, for at most [`MAX_DEFER`], so that they do not compete with the applies for
+//! the API server. A write that fails for a reason other than the resource being gone is
+//! retried after a second, unless a newer status has replaced it.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::discovery::ApiResource;
+use kube::runtime::events::{Event, Recorder};
+use serde_json::{Value, json};
+use tokio::sync::Notify;
+
+use super::FIELD_MANAGER;
+use super::metrics::Metrics;
+
+/// How many writes of reports are in flight at most.
+pub(crate) const WORKERS: usize = 4;
+/// How long a failed write waits before it is tried again.
+const RETRY: Duration = Duration::from_secs(1);
+/// How long a settling status waits for a newer one before it is written.
+pub(crate) const SETTLING: Duration = Duration::from_secs(2);
+/// How long reports wait for applies in flight to finish before they are written anyway.
+const MAX_DEFER: Duration = Duration::from_secs(10);
+
+/// Which resource a status belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Key {
+    pub controller: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+/// A status to write through the status subresource.
+#[derive(Debug, Clone)]
+struct StatusWrite {
+    ar: ApiResource,
+    status: Value,
+    not_before: Instant,
+}
+
+#[derive(Default)]
+struct Queue {
+    statuses: BTreeMap<Key, StatusWrite>,
+    order: VecDeque<Key>,
+    events: VecDeque<(Event, ObjectReference, String)>,
+}
+
+enum Work {
+    Status(Key, StatusWrite),
+    Event(Event, ObjectReference, String),
+}
+
+/// The queue of reports and the workers that write them.
+pub(crate) struct Reports {
+    client: kube::Client,
+    recorder: Recorder,
+    queue: Mutex<Queue>,
+    work: Notify,
+    in_flight: AtomicUsize,
+    idle: Notify,
+    applies: AtomicUsize,
+    applies_done: Notify,
+}
+
+/// Counts applies in flight while it lives; see [`Reports::applying`].
+pub(crate) struct Applying<'a>(&'a Reports, usize);
+
+impl Drop for Applying<'_> {
+    fn drop(&mut self) {
+        if self.0.applies.fetch_sub(self.1, Ordering::SeqCst) == self.1 {
+            self.0.applies_done.notify_waiters();
+        }
+    }
+}
+
+impl Reports {
+    pub(crate) fn new(client: kube::Client, recorder: Recorder) -> Self {
+        Self {
+            client,
+            recorder,
+            queue: Mutex::new(Queue::default()),
+            work: Notify::new(),
+            in_flight: AtomicUsize::new(0),
+            idle: Notify::new(),
+            applies: AtomicUsize::new(0),
+            applies_done: Notify::new(),
+        }
+    }
+
+    /// Marks `n` applies as in flight until the guard is dropped; reports wait for them.
+    pub(crate) fn applying(&self, n: usize) -> Applying<'_> {
+        self.applies.fetch_add(n, Ordering::SeqCst);
+        Applying(self, n)
+    }
+
+    /// The status most recently asked for and not yet written, if any: newer than what the
+    /// watch shows.
+    pub(crate) fn pending_status(&self, key: &Key) -> Option<Value> {
+        let queue = self.queue.lock().ok()?;
+        queue.statuses.get(key).map(|w| w.status.clone())
+    }
+
+    /// Asks for `status` to be written for the resource `key` (of `ar`), replacing any status
+    /// for it not yet written, no sooner than `hold` from now (and no later than the status it
+    /// replaces was due).
+    pub(crate) fn status(&self, key: Key, ar: &ApiResource, status: Value, hold: Duration) {
+        let mut not_before = Instant::now() + hold;
+        if let Ok(mut queue) = self.queue.lock() {
+            if let Some(earlier) = queue.statuses.get(&key) {
+                not_before = not_before.min(earlier.not_before);
+            }
+            let write = StatusWrite {
+                ar: ar.clone(),
+                status,
+                not_before,
+            };
+            if queue.statuses.insert(key.clone(), write).is_none() {
+                queue.order.push_back(key);
+            }
+            self.work.notify_one();
+        }
+    }
+
+    /// Asks for an event about `regarding`; `controller` labels its metric.
+    pub(crate) fn event(&self, event: Event, regarding: ObjectReference, controller: &str) {
+        if let Ok(mut queue) = self.queue.lock() {
+            queue
+                .events
+                .push_back((event, regarding, controller.to_owned()));
+            self.work.notify_one();
+        }
+    }
+
+    /// The next write that is due, else when the next held status falls due.
+    fn next(&self) -> Result<Work, Option<Instant>> {
+        let Ok(mut queue) = self.queue.lock() else {
+            return Err(None);
+        };
+        let now = Instant::now();
+        let mut due = None;
+        let mut earliest: Option<Instant> = None;
+        for (i, key) in queue.order.iter().enumerate() {
+            match queue.statuses.get(key) {
+                Some(w) if w.not_before <= now => {
+                    due = Some(i);
+                    break;
+                }
+                Some(w) => earliest = Some(earliest.map_or(w.not_before, |e| e.min(w.not_before))),
+                None => {}
+            }
+        }
+        if let Some(i) = due
+            && let Some(key) = queue.order.remove(i)
+            && let Some(write) = queue.statuses.remove(&key)
+        {
+            self.in_flight.fetch_add(1, Ordering::SeqCst);
+            return Ok(Work::Status(key, write));
+        }
+        let Some((event, regarding, controller)) = queue.events.pop_front() else {
+            return Err(earliest);
+        };
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        Ok(Work::Event(event, regarding, controller))
+    }
+
+    fn is_empty(&self) -> bool {
+        self.queue
+            .lock()
+            .map_or(true, |q| q.statuses.is_empty() && q.events.is_empty())
+            && self.in_flight.load(Ordering::SeqCst) == 0
+    }
+
+    /// Writes reports until the process ends; run [`WORKERS`] of these.
+    pub(crate) async fn work(&self, metrics: &Metrics) {
+        let mut deferring_since: Option<Instant> = None;
+        loop {
+            if self.applies.load(Ordering::SeqCst) == 0 {
+                deferring_since = None;
+            } else if deferring_since.get_or_insert_with(Instant::now).elapsed() < MAX_DEFER {
+                let done = self.applies_done.notified();
+                if self.applies.load(Ordering::SeqCst) > 0 {
+                    let _ = tokio::time::timeout(Duration::from_millis(100), done).await;
+                }
+                continue;
+            }
+            match self.next() {
+                Ok(Work::Status(key, write)) => {
+                    if let Err(e) = self.write_status(&key, &write, metrics).await {
+                        tracing::warn!(resource = %format!("{}/{}/{}", key.controller, key.namespace, key.name),
+                            "status not written, retrying in {RETRY:?}: {e}");
+                        tokio::time::sleep(RETRY).await;
+                        if let Ok(mut queue) = self.queue.lock()
+                            && !queue.statuses.contains_key(&key)
+                        {
+                            let write = StatusWrite {
+                                not_before: Instant::now(),
+                                ..write
+                            };
+                            queue.statuses.insert(key.clone(), write);
+                            queue.order.push_back(key);
+                        }
+                    }
+                }
+                Ok(Work::Event(event, regarding, controller)) => {
+                    metrics.write("event", "events.events.k8s.io");
+                    if let Err(e) = self.recorder.publish(&event, &regarding).await {
+                        tracing::debug!(%controller, "event not recorded: {e}");
+                    }
+                }
+                Err(next_due) => {
+                    if next_due.is_none() && self.in_flight.load(Ordering::SeqCst) == 0 {
+                        self.idle.notify_waiters();
+                    }
+                    match next_due {
+                        Some(at) => {
+                            let _ = tokio::time::timeout_at(at, self.work.notified()).await;
+                        }
+                        None => self.work.notified().await,
+                    }
+                    continue;
+                }
+            }
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    async fn write_status(
+        &self,
+        key: &Key,
+        write: &StatusWrite,
+        metrics: &Metrics,
+    ) -> Result<(), kube::Error> {
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), &key.namespace, &write.ar);
+        metrics.write("apply_status", &key.controller);
+        let patch = json!({
+            "apiVersion": write.ar.api_version,
+            "kind": write.ar.kind,
+            "status": write.status,
+        });
+        match api
+            .patch_status(
+                &key.name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await
+        {
+            // The resource is gone: nothing to report on.
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            other => other.map(drop),
+        }
+    }
+
+    /// Writes every held status now, then waits until every report asked for so far is
+    /// written, or `limit` passes.
+    pub(crate) async fn flush(&self, limit: Duration) {
+        if let Ok(mut queue) = self.queue.lock() {
+            let now = Instant::now();
+            for w in queue.statuses.values_mut() {
+                w.not_before = now;
+            }
+        }
+        self.work.notify_waiters();
+        let done = async {
+            loop {
+                let idle = self.idle.notified();
+                if self.is_empty() {
+                    return;
+                }
+                // Wake now and then in case the last worker went idle before we listened.
+                let _ = tokio::time::timeout(Duration::from_millis(50), idle).await;
+            }
+        };
+        if tokio::time::timeout(limit, done).await.is_err() {
+            tracing::warn!("shutting down with status writes or events not yet written");
+        }
+    }
+}
