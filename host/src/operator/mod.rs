@@ -603,3 +603,60 @@ pub(crate) fn backoff(n: u32) -> Action {
     let secs = 1u64.checked_shl(n.min(9)).unwrap_or(300).min(300);
     Action::requeue(Duration::from_secs(secs))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn child(kind: &str, name: &str) -> ChildId {
+        (format!("apps/v1/{kind}"), "ns".into(), name.into())
+    }
+
+    #[test]
+    fn the_owner_index_follows_labels_deletions_and_relists() {
+        let mut index = OwnerIndex::default();
+        index.set(child("Deployment", "web"), Some("uid-1"));
+        index.set(child("Service", "web"), Some("uid-1"));
+        index.set(child("Deployment", "db"), Some("uid-2"));
+        index.set(child("Deployment", "stray"), None);
+        assert_eq!(
+            index.owned_by("uid-1"),
+            vec![child("Deployment", "web"), child("Service", "web")]
+        );
+        // A label moved to another owner moves the child.
+        index.set(child("Deployment", "web"), Some("uid-2"));
+        assert_eq!(index.owned_by("uid-1"), vec![child("Service", "web")]);
+        index.remove(&child("Service", "web"));
+        assert!(index.owned_by("uid-1").is_empty());
+        // A relist of one kind forgets that kind only.
+        index.set(child("Service", "db"), Some("uid-2"));
+        index.clear_kind("apps/v1/Deployment");
+        assert_eq!(index.owned_by("uid-2"), vec![child("Service", "db")]);
+    }
+
+    #[test]
+    fn the_child_cache_keeps_metadata_and_readiness_only() {
+        let full = serde_json::json!({
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {
+                "name": "web",
+                "managedFields": [{ "manager": "x", "operation": "Apply" }],
+                "labels": { "a": "b" },
+            },
+            "spec": { "replicas": 2, "template": { "spec": { "containers": [] } } },
+            "status": { "availableReplicas": 2 },
+        });
+        let mut d: DynamicObject = serde_json::from_value(full.clone()).unwrap();
+        trim_child(&mut d, "Deployment");
+        assert!(d.metadata.managed_fields.is_none());
+        assert_eq!(d.metadata.labels.unwrap()["a"], "b");
+        assert_eq!(
+            d.data,
+            serde_json::json!({ "spec": { "replicas": 2 }, "status": { "availableReplicas": 2 } })
+        );
+        let mut s: DynamicObject = serde_json::from_value(full).unwrap();
+        trim_child(&mut s, "Service");
+        assert_eq!(s.data, serde_json::Value::Null);
+    }
+}

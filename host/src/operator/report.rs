@@ -57,11 +57,69 @@ struct StatusWrite {
     not_before: Instant,
 }
 
+/// Statuses to write (one per resource, the newest, in the order resources first asked) and
+/// events to write (in order). Statuses go first.
 #[derive(Default)]
 struct Queue {
     statuses: BTreeMap<Key, StatusWrite>,
     order: VecDeque<Key>,
     events: VecDeque<(Event, ObjectReference, String)>,
+}
+
+impl Queue {
+    /// Queues `write` for `key`, replacing an unwritten one, due no later than that one was.
+    fn push_status(&mut self, key: Key, mut write: StatusWrite) {
+        if let Some(earlier) = self.statuses.get(&key) {
+            write.not_before = write.not_before.min(earlier.not_before);
+        }
+        if self.statuses.insert(key.clone(), write).is_none() {
+            self.order.push_back(key);
+        }
+    }
+
+    /// Queues `write` again after it failed, unless a newer status has replaced it.
+    fn retry_status(&mut self, key: Key, write: StatusWrite, now: Instant) {
+        if !self.statuses.contains_key(&key) {
+            self.push_status(
+                key,
+                StatusWrite {
+                    not_before: now,
+                    ..write
+                },
+            );
+        }
+    }
+
+    /// The first status due at `now`, else the oldest event; else when the next held status
+    /// falls due (`None`: nothing is queued).
+    fn pop(&mut self, now: Instant) -> Result<Work, Option<Instant>> {
+        let mut due = None;
+        let mut earliest: Option<Instant> = None;
+        for (i, key) in self.order.iter().enumerate() {
+            match self.statuses.get(key) {
+                Some(w) if w.not_before <= now => {
+                    due = Some(i);
+                    break;
+                }
+                Some(w) => earliest = Some(earliest.map_or(w.not_before, |e| e.min(w.not_before))),
+                None => {}
+            }
+        }
+        if let Some(i) = due
+            && let Some(key) = self.order.remove(i)
+            && let Some(write) = self.statuses.remove(&key)
+        {
+            return Ok(Work::Status(key, write));
+        }
+        match self.events.pop_front() {
+            Some((event, regarding, controller)) => Ok(Work::Event(event, regarding, controller)),
+            None => Err(earliest),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.statuses.is_empty() && self.events.is_empty()
+    }
 }
 
 enum Work {
@@ -123,19 +181,13 @@ impl Reports {
     /// for it not yet written, no sooner than `hold` from now (and no later than the status it
     /// replaces was due).
     pub(crate) fn status(&self, key: Key, ar: &ApiResource, status: Value, hold: Duration) {
-        let mut not_before = Instant::now() + hold;
+        let write = StatusWrite {
+            ar: ar.clone(),
+            status,
+            not_before: Instant::now() + hold,
+        };
         if let Ok(mut queue) = self.queue.lock() {
-            if let Some(earlier) = queue.statuses.get(&key) {
-                not_before = not_before.min(earlier.not_before);
-            }
-            let write = StatusWrite {
-                ar: ar.clone(),
-                status,
-                not_before,
-            };
-            if queue.statuses.insert(key.clone(), write).is_none() {
-                queue.order.push_back(key);
-            }
+            queue.push_status(key, write);
             self.work.notify_one();
         }
     }
@@ -155,37 +207,13 @@ impl Reports {
         let Ok(mut queue) = self.queue.lock() else {
             return Err(None);
         };
-        let now = Instant::now();
-        let mut due = None;
-        let mut earliest: Option<Instant> = None;
-        for (i, key) in queue.order.iter().enumerate() {
-            match queue.statuses.get(key) {
-                Some(w) if w.not_before <= now => {
-                    due = Some(i);
-                    break;
-                }
-                Some(w) => earliest = Some(earliest.map_or(w.not_before, |e| e.min(w.not_before))),
-                None => {}
-            }
-        }
-        if let Some(i) = due
-            && let Some(key) = queue.order.remove(i)
-            && let Some(write) = queue.statuses.remove(&key)
-        {
-            self.in_flight.fetch_add(1, Ordering::SeqCst);
-            return Ok(Work::Status(key, write));
-        }
-        let Some((event, regarding, controller)) = queue.events.pop_front() else {
-            return Err(earliest);
-        };
+        let work = queue.pop(Instant::now())?;
         self.in_flight.fetch_add(1, Ordering::SeqCst);
-        Ok(Work::Event(event, regarding, controller))
+        Ok(work)
     }
 
     fn is_empty(&self) -> bool {
-        self.queue
-            .lock()
-            .map_or(true, |q| q.statuses.is_empty() && q.events.is_empty())
+        self.queue.lock().map_or(true, |q| q.is_empty())
             && self.in_flight.load(Ordering::SeqCst) == 0
     }
 
@@ -208,15 +236,8 @@ impl Reports {
                         tracing::warn!(resource = %format!("{}/{}/{}", key.controller, key.namespace, key.name),
                             "status not written, retrying in {RETRY:?}: {e}");
                         tokio::time::sleep(RETRY).await;
-                        if let Ok(mut queue) = self.queue.lock()
-                            && !queue.statuses.contains_key(&key)
-                        {
-                            let write = StatusWrite {
-                                not_before: Instant::now(),
-                                ..write
-                            };
-                            queue.statuses.insert(key.clone(), write);
-                            queue.order.push_back(key);
+                        if let Ok(mut queue) = self.queue.lock() {
+                            queue.retry_status(key, write, Instant::now());
                         }
                     }
                 }
@@ -294,5 +315,91 @@ impl Reports {
         if tokio::time::timeout(limit, done).await.is_err() {
             tracing::warn!("shutting down with status writes or events not yet written");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(name: &str) -> Key {
+        Key {
+            controller: "services.hanzo.ai".into(),
+            namespace: "ns".into(),
+            name: name.into(),
+        }
+    }
+
+    fn write(status: &str, not_before: Instant) -> StatusWrite {
+        StatusWrite {
+            ar: ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
+                "hanzo.ai", "v1", "Service",
+            )),
+            status: json!({ "message": status }),
+            not_before,
+        }
+    }
+
+    fn event(reason: &str) -> (Event, ObjectReference, String) {
+        let event = Event {
+            type_: kube::runtime::events::EventType::Normal,
+            reason: reason.into(),
+            note: None,
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        (event, ObjectReference::default(), "c".into())
+    }
+
+    fn popped_status(q: &mut Queue, now: Instant) -> (String, Value) {
+        match q.pop(now) {
+            Ok(Work::Status(k, w)) => (k.name, w.status["message"].clone()),
+            Ok(Work::Event(..)) => panic!("an event, not a status"),
+            Err(e) => panic!("nothing due: {e:?}"),
+        }
+    }
+
+    #[test]
+    fn only_the_newest_status_of_a_resource_is_written() {
+        let now = Instant::now();
+        let mut q = Queue::default();
+        q.push_status(key("a"), write("reconciling", now));
+        q.push_status(key("b"), write("ready", now));
+        q.push_status(key("a"), write("ready", now));
+        // One write per resource, in the order they first asked, each with its newest status.
+        assert_eq!(popped_status(&mut q, now), ("a".into(), json!("ready")));
+        assert_eq!(popped_status(&mut q, now), ("b".into(), json!("ready")));
+        assert!(matches!(q.pop(now), Err(None)));
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn a_held_status_waits_and_its_successor_is_not_held_longer() {
+        let now = Instant::now();
+        let later = now + SETTLING;
+        let mut q = Queue::default();
+        q.push_status(key("a"), write("settling", later));
+        q.events.push_back(event("Applied"));
+        // Not due yet: the event goes first, then the queue says when the status falls due.
+        assert!(matches!(q.pop(now), Ok(Work::Event(e, ..)) if e.reason == "Applied"));
+        assert_eq!(q.pop(now).err(), Some(Some(later)));
+        // A newer status that could wait longer is due when the one it replaces was.
+        q.push_status(key("a"), write("still settling", later + SETTLING));
+        assert_eq!(q.pop(now).err(), Some(Some(later)));
+        // A status that need not wait replaces it and is due at once.
+        q.push_status(key("a"), write("ready", now));
+        assert_eq!(popped_status(&mut q, now), ("a".into(), json!("ready")));
+    }
+
+    #[test]
+    fn a_failed_write_is_retried_unless_replaced() {
+        let now = Instant::now();
+        let mut q = Queue::default();
+        q.retry_status(key("a"), write("first", now + SETTLING), now);
+        assert_eq!(popped_status(&mut q, now), ("a".into(), json!("first")));
+        q.push_status(key("a"), write("newer", now));
+        q.retry_status(key("a"), write("first", now), now);
+        assert_eq!(popped_status(&mut q, now), ("a".into(), json!("newer")));
+        assert!(q.is_empty());
     }
 }
