@@ -89,6 +89,23 @@ fn writes_by_verb(port: u16) -> Vec<(String, f64)> {
     sums.into_iter().collect()
 }
 
+/// CPU time (user and system) a process has used so far, in seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name: state is the 1st, utime the 12th, stime the 13th.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
 fn peak_rss_mib(pid: u32) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     status
@@ -229,7 +246,7 @@ async fn main() {
     // Rounds of (bare loop, operator) on fresh namespaces (BENCH_ROUNDS, default 1); each side's
     // best round counts. Later rounds run on a control plane still busy with the earlier
     // rounds' objects (the controller manager's backlog), so they are slower on both sides.
-    let (mut bares, mut operators) = (Vec::new(), Vec::new());
+    let (mut bares, mut operators, mut cpus) = (Vec::new(), Vec::new(), Vec::new());
     let mut last = None;
     let mut children_count = 0;
     for round in 0..rounds {
@@ -341,8 +358,10 @@ async fn main() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let started = Instant::now();
+        let cpu_before = cpu_seconds(operator.0.id());
         all_seen(seen, n, started + Duration::from_secs(300)).await;
         operators.push(started.elapsed());
+        cpus.push(cpu_seconds(operator.0.id()) - cpu_before);
         eprintln!(
             "round {}: bare {:.1} s, operator {:.1} s",
             round + 1,
@@ -392,6 +411,14 @@ async fn main() {
         secs(&operators)
     );
     println!("| ratio | {ratio:.2}× | ≤ 1.25× |");
+    println!(
+        "| operator CPU until then | {:.1} s (rounds: {}) | |",
+        cpus.iter().copied().fold(f64::INFINITY, f64::min),
+        cpus.iter()
+            .map(|c| format!("{c:.1}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     println!(
         "| operator writes until then | {} | |",
         by_verb

@@ -276,9 +276,16 @@ pub async fn run(
 
     let mut controllers = Vec::new();
     let owners = dispatch_children(&shared, writers, &settings);
-    for (plugin, kind) in shared.registry.kinds() {
+    // Discover every Kind at once: one round trip each, all in flight together.
+    let kinds: Vec<_> = shared.registry.kinds().collect();
+    let discovered = futures::future::join_all(kinds.iter().map(|(_, kind)| {
         let gvk = GroupVersionKind::gvk(&kind.group, &kind.versions[0], &kind.kind);
-        let ar = match pinned_kind(&client, &gvk).await {
+        let client = client.clone();
+        async move { pinned_kind(&client, &gvk).await }
+    }))
+    .await;
+    for ((plugin, kind), found) in kinds.into_iter().zip(discovered) {
+        let ar = match found {
             Ok((ar, _)) => ar,
             Err(e) => {
                 tracing::error!(kind = %kind.kind, group = %kind.group, plugin = %plugin.name(),
