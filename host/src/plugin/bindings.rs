@@ -1,7 +1,5 @@
 //! Host bindings of `wit/plugin.wit`, and conversions to the plain types.
 
-use std::collections::BTreeMap;
-
 use crate::types::{Context, GroupVersionKind, KindInfo, PluginInfo, PrinterColumn, Resource};
 
 wasmtime::component::bindgen!({
@@ -20,23 +18,22 @@ pub(super) fn context(ctx: &Context) -> wit::Context {
     }
 }
 
-fn pairs(map: &BTreeMap<String, String>) -> Vec<(String, String)> {
-    map.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
-}
-
+/// The WIT record for `r`: its boundary form (guest-kit's, which the native benchmark uses too),
+/// moved into the generated type.
 pub(super) fn resource(r: &Resource) -> wit::Resource {
+    let w = guest_kit::WireResource::from_resource(r);
     wit::Resource {
-        api_version: r.api_version.clone(),
-        kind: r.kind.clone(),
+        api_version: w.api_version,
+        kind: w.kind,
         metadata: wit::ObjectMeta {
-            name: r.name.clone(),
-            namespace: r.namespace.clone(),
-            uid: r.uid.clone(),
-            generation: r.generation,
-            labels: pairs(&r.labels),
-            annotations: pairs(&r.annotations),
+            name: w.name,
+            namespace: w.namespace,
+            uid: w.uid,
+            generation: w.generation,
+            labels: w.labels,
+            annotations: w.annotations,
         },
-        spec: r.spec.to_string(),
+        spec: w.spec,
     }
 }
 
