@@ -2,10 +2,15 @@
 //! engine's compatibility hash, so that a second start does not compile again; and what each
 //! component's `describe` returned, keyed by its sha256 and the context, so that a second start
 //! does not call it again.
+//!
+//! Every use of an entry renews its modification time; whenever the host writes an entry it
+//! removes the entries nobody has used for [`MAX_AGE`] (old plugin versions, other wasmtime
+//! versions), so the directory does not grow without bound.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -14,6 +19,9 @@ use wasmtime::Engine;
 use wasmtime::component::Component;
 
 use crate::types::Context;
+
+/// How long a cache entry may go unused before a host that writes to the cache removes it.
+pub const MAX_AGE: Duration = Duration::from_secs(30 * 24 * 60 * 60);
 
 /// A directory of precompiled components (`<sha256>-wasmtime<version>-<engine>.cwasm`).
 #[derive(Debug, Clone)]
@@ -82,7 +90,10 @@ impl Cache {
             )]
             let loaded = unsafe { Component::deserialize_file(engine, &path) };
             match loaded {
-                Ok(c) => return Ok((c, true)),
+                Ok(c) => {
+                    touch(&path);
+                    return Ok((c, true));
+                }
                 Err(e) => {
                     tracing::warn!(path = %path.display(), "ignoring unusable cached component: {e:#}");
                 }
@@ -91,8 +102,11 @@ impl Cache {
         let compiled = engine
             .precompile_component(wasm)
             .map_err(|e| format!("{e:#}"))?;
-        if let Err(e) = write_atomically(&path, &compiled) {
-            tracing::warn!(path = %path.display(), "cannot cache the compiled component: {e}");
+        match write_atomically(&path, &compiled) {
+            Ok(()) => self.evict_unused(),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), "cannot cache the compiled component: {e}");
+            }
         }
         // SAFETY: `compiled` was produced just above by `precompile_component` on this engine.
         #[allow(
@@ -130,11 +144,40 @@ impl Cache {
     ) -> Option<T> {
         let path = self.description_path(sha256, ctx);
         let bytes = std::fs::read(&path).ok()?;
-        serde_json::from_slice(&bytes)
+        let description = serde_json::from_slice(&bytes)
             .inspect_err(|e| {
                 tracing::warn!(path = %path.display(), "ignoring an unreadable cached description: {e}");
             })
-            .ok()
+            .ok()?;
+        touch(&path);
+        Some(description)
+    }
+
+    /// Removes the entries not used for [`MAX_AGE`]. Failures are skipped: another host may be
+    /// doing the same.
+    fn evict_unused(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        let now = SystemTime::now();
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            let ours = [".cwasm", ".describe.json", ".tmp"];
+            if !ours.iter().any(|suffix| name.ends_with(suffix)) {
+                continue;
+            }
+            let unused = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| now.duration_since(t).ok())
+                .is_some_and(|age| age > MAX_AGE);
+            if unused && std::fs::remove_file(&path).is_ok() {
+                tracing::info!(path = %path.display(), "removed a compile cache entry unused for 30 days");
+            }
+        }
     }
 
     /// Caches the description of a component under `ctx`; a failure is logged and skipped.
@@ -146,6 +189,17 @@ impl Cache {
         if let Err(e) = written {
             tracing::warn!(path = %path.display(), "cannot cache the plugin's description: {e}");
         }
+    }
+}
+
+/// Marks a cache entry as used now (its modification time; its contents are not touched).
+fn touch(path: &Path) {
+    let renewed = std::fs::File::options()
+        .append(true)
+        .open(path)
+        .and_then(|f| f.set_modified(SystemTime::now()));
+    if let Err(e) = renewed {
+        tracing::debug!(path = %path.display(), "cannot mark a cache entry as used: {e}");
     }
 }
 

@@ -253,3 +253,67 @@ fn a_second_start_loads_from_the_compile_cache() {
             .contains(&version)
     );
 }
+
+#[test]
+fn cache_entries_unused_for_30_days_are_removed_when_the_host_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let ago = |days: u64| std::time::SystemTime::now() - Duration::from_secs(days * 24 * 3600);
+    let file = |name: &str, modified| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, b"x").unwrap();
+        std::fs::File::options()
+            .append(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(modified)
+            .unwrap();
+        path
+    };
+    let stale = [
+        file("old-wasmtime47.0.0-0.cwasm", ago(40)),
+        file("old-host0.0.1-0.describe.json", ago(31)),
+        file(".123-0.tmp", ago(60)),
+    ];
+    let recent = file("recent-wasmtime48.0.0-0.cwasm", ago(29));
+    let foreign = file("notes.txt", ago(400));
+
+    let wasm = std::fs::read(test_guests::HOSTILE).unwrap();
+    let load = || {
+        Runtime::new(limits(), Some(Cache::new(dir.path())))
+            .unwrap()
+            .load(&wasm, "hostile.wasm", &Context::default())
+            .unwrap()
+    };
+    let first = load();
+    assert!(!first.from_cache());
+    for path in &stale {
+        assert!(!path.exists(), "{} was not removed", path.display());
+    }
+    assert!(recent.exists() && foreign.exists());
+
+    // A load from the cache renews what it used, so entries in use never age out.
+    let compiled: Vec<PathBuf> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().contains(first.sha256()))
+        .collect();
+    assert_eq!(compiled.len(), 2, "{compiled:?}");
+    for path in &compiled {
+        std::fs::File::options()
+            .append(true)
+            .open(path)
+            .unwrap()
+            .set_modified(ago(20))
+            .unwrap();
+    }
+    assert!(load().from_cache());
+    for path in &compiled {
+        let age = std::fs::metadata(path)
+            .unwrap()
+            .modified()
+            .unwrap()
+            .elapsed()
+            .unwrap_or_default();
+        assert!(age < Duration::from_secs(60), "{}: {age:?}", path.display());
+    }
+}
