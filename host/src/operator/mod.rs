@@ -104,6 +104,9 @@ pub(crate) struct Shared {
     pub children: BTreeMap<String, Result<ChildKind, String>>,
     /// What each child looked like after our last apply, to skip writes when nothing changed.
     pub applied: Mutex<BTreeMap<String, reconcile::Applied>>,
+    /// Children being applied right now (same keys as `applied`), with the resourceVersions
+    /// the watch showed of each meanwhile: the apply's own echo among them is no news.
+    pub applying: Mutex<BTreeMap<String, Vec<String>>>,
     /// Which children (by kind key, namespace and name) carry each owner's ownership label.
     pub owned: Mutex<OwnerIndex>,
     /// Failures in a row per resource, for backoff.
@@ -421,6 +424,7 @@ async fn setup(
         metrics,
         children,
         applied: Mutex::new(BTreeMap::new()),
+        applying: Mutex::new(BTreeMap::new()),
         owned: Mutex::new(OwnerIndex::default()),
         failures: Mutex::new(BTreeMap::new()),
     };
@@ -479,6 +483,15 @@ fn dispatch_children(shared: &Arc<Shared>, writers: Vec<Writer>, settings: &Sett
                             owner.unwrap_or_default(),
                             o.metadata.name.as_deref().unwrap_or_default()
                         );
+                        // While we apply it, the reconciliation applying it decides (see
+                        // `reconcile_inner`); the watch may show the result before the apply
+                        // returns.
+                        if let Ok(mut applying) = shared.applying.lock()
+                            && let Some(seen) = applying.get_mut(&key)
+                        {
+                            seen.extend(o.metadata.resource_version.clone());
+                            continue;
+                        }
                         let echo = shared
                             .applied
                             .lock()

@@ -443,8 +443,26 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
     let applying = shared
         .reports
         .applying(work.iter().filter(|w| !w.skip).count());
+    if let Ok(mut in_flight) = shared.applying.lock() {
+        for w in work.iter().filter(|w| !w.skip) {
+            in_flight.insert(w.cache_key.clone(), Vec::new());
+        }
+    }
     let results = futures::future::join_all(calls).await;
     drop(applying);
+    // What the watch showed of each child while it was applied: anything but the apply's own
+    // result is someone else's change, to be looked at again.
+    let seen_meanwhile: BTreeMap<String, Vec<String>> = shared
+        .applying
+        .lock()
+        .map(|mut in_flight| {
+            work.iter()
+                .filter(|w| !w.skip)
+                .filter_map(|w| in_flight.remove_entry(&w.cache_key))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut look_again = false;
 
     let mut children = Vec::new();
     let mut failures = Vec::new();
@@ -463,6 +481,11 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
         let live_object = match result {
             Ok(out) => {
                 if let (false, Some(out)) = (skip, &out) {
+                    let others = seen_meanwhile.get(&cache_key).is_some_and(|seen| {
+                        seen.iter()
+                            .any(|rv| Some(rv) != out.metadata.resource_version.as_ref())
+                    });
+                    look_again |= others;
                     let record = Applied {
                         hash: h,
                         generation: out.metadata.generation,
@@ -580,6 +603,9 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
     let changed = report_status(ctx, obj, current.as_ref(), desired, settling);
     if let (true, Outcome::Stalled { message, .. }) = (changed, &outcome) {
         publish(ctx, obj, EventType::Warning, "ApplyFailed", message.clone());
+    }
+    if look_again {
+        return Ok(Action::requeue(Duration::from_millis(100)));
     }
     Ok(Action::requeue(RESYNC))
 }
