@@ -32,13 +32,27 @@ fn renders_the_examples_with_no_plugin_flag() {
     let out = host(&["render", "examples/"], None);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
-    for kind in ["kind: Deployment", "kind: StatefulSet", "kind: Service"] {
-        assert!(stdout.contains(kind), "{kind} missing from:\n{stdout}");
+    // Everything a Service can become, and the Datastore's and KVCluster's workloads.
+    for kind in [
+        "Deployment",
+        "Service",
+        "Ingress",
+        "HorizontalPodAutoscaler",
+        "PodDisruptionBudget",
+        "NetworkPolicy",
+        "ServiceMonitor",
+        "KMSSecret",
+        "StatefulSet",
+    ] {
+        assert!(
+            stdout.contains(&format!("\nkind: {kind}\n")),
+            "{kind} missing from:\n{stdout}"
+        );
     }
     assert_eq!(
         stdout.matches("\n---\n").count() + 1,
-        7,
-        "seven objects:\n{stdout}"
+        15,
+        "fifteen objects:\n{stdout}"
     );
 }
 
@@ -49,7 +63,7 @@ fn reads_stdin_and_writes_a_json_list() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(list["kind"], "List");
-    assert_eq!(list["items"].as_array().unwrap().len(), 2);
+    assert_eq!(list["items"].as_array().unwrap().len(), 10);
 }
 
 #[test]

@@ -3,6 +3,7 @@
 //! losing no field on the way. Also proof that the controller manager and kwok work.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::Once;
 use std::time::{Duration, Instant};
 
@@ -177,7 +178,13 @@ async fn every_rendered_manifest_passes_strict_server_side_dry_run_losing_nothin
         .dry_run()
         .validation_strict();
     let mut resources_by_group: Vec<(String, host::types::Resource)> = Vec::new();
-    for path in crate::support::fixtures() {
+    // Every fixture, and the examples the README renders.
+    let mut examples: Vec<PathBuf> = std::fs::read_dir(root().join("examples"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    examples.sort();
+    for path in crate::support::fixtures().into_iter().chain(examples) {
         for r in resources(&path) {
             resources_by_group.push(("hanzo.ai".into(), r));
         }
