@@ -104,9 +104,8 @@ pub(crate) struct Shared {
     pub children: BTreeMap<String, Result<ChildKind, String>>,
     /// What each child looked like after our last apply, to skip writes when nothing changed.
     pub applied: Mutex<BTreeMap<String, reconcile::Applied>>,
-    /// Children being applied right now (same keys as `applied`), with the resourceVersions
-    /// the watch showed of each meanwhile: the apply's own echo among them is no news.
-    pub applying: Mutex<BTreeMap<String, Vec<String>>>,
+    /// Children being applied right now.
+    pub applies: Arc<Applies>,
     /// Which children (by kind key, namespace and name) carry each owner's ownership label.
     pub owned: Mutex<OwnerIndex>,
     /// Failures in a row per resource, for backoff.
@@ -114,6 +113,90 @@ pub(crate) struct Shared {
 }
 
 /// The context of one Kind's controller.
+/// The key of a child in `Shared::applied` and [`Applies`]: its owner's uid, kind key
+/// (`group/version/Kind`) and name.
+pub(crate) fn applied_key(owner_uid: &str, kind_key: &str, name: &str) -> String {
+    format!("{owner_uid}/{kind_key}/{name}")
+}
+
+/// The children being applied right now (keys from [`applied_key`]), each with the
+/// resourceVersions the watch showed of it meanwhile: the apply's own echo among them is no
+/// news, anything else is. Reports give way while it is not empty.
+#[derive(Default)]
+pub(crate) struct Applies {
+    children: Mutex<BTreeMap<String, Vec<String>>>,
+    /// Woken when the last apply in flight ends.
+    pub done: tokio::sync::Notify,
+}
+
+/// Applies begun together; see [`Applies::begin`].
+pub(crate) struct Batch<'a> {
+    applies: &'a Applies,
+    keys: Vec<String>,
+}
+
+impl Applies {
+    /// Marks `keys` as being applied until the batch is finished or dropped.
+    pub(crate) fn begin(&self, keys: Vec<String>) -> Batch<'_> {
+        if let Ok(mut children) = self.children.lock() {
+            for key in &keys {
+                children.insert(key.clone(), Vec::new());
+            }
+        }
+        Batch {
+            applies: self,
+            keys,
+        }
+    }
+
+    /// Records that the watch showed `key` at `resource_version`; false when `key` is not
+    /// being applied.
+    pub(crate) fn saw(&self, key: &str, resource_version: Option<&str>) -> bool {
+        let Ok(mut children) = self.children.lock() else {
+            return false;
+        };
+        let Some(seen) = children.get_mut(key) else {
+            return false;
+        };
+        seen.extend(resource_version.map(str::to_owned));
+        true
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.children.lock().map_or(true, |c| c.is_empty())
+    }
+
+    fn end(&self, keys: &[String]) -> BTreeMap<String, Vec<String>> {
+        let Ok(mut children) = self.children.lock() else {
+            return BTreeMap::new();
+        };
+        let ended = keys
+            .iter()
+            .filter_map(|k| children.remove_entry(k))
+            .collect();
+        if children.is_empty() {
+            self.done.notify_waiters();
+        }
+        ended
+    }
+}
+
+impl Batch<'_> {
+    /// Ends the batch: what the watch showed of each child while it was applied.
+    pub(crate) fn finish(mut self) -> BTreeMap<String, Vec<String>> {
+        let keys = std::mem::take(&mut self.keys);
+        self.applies.end(&keys)
+    }
+}
+
+impl Drop for Batch<'_> {
+    fn drop(&mut self) {
+        if !self.keys.is_empty() {
+            self.applies.end(&self.keys);
+        }
+    }
+}
+
 /// The children the watches show, by the owner uid in their ownership label, so that a
 /// reconciliation finds its own without scanning every child.
 #[derive(Debug, Default)]
@@ -417,14 +500,19 @@ async fn setup(
         controller: FIELD_MANAGER.to_owned(),
         instance: Some(settings.identity.clone()),
     };
+    let applies = Arc::new(Applies::default());
     let shared = Shared {
-        reports: report::Reports::new(client.clone(), Recorder::new(client.clone(), reporter)),
+        reports: report::Reports::new(
+            client.clone(),
+            Recorder::new(client.clone(), reporter),
+            applies.clone(),
+        ),
+        applies,
         client,
         registry: Arc::new(registry),
         metrics,
         children,
         applied: Mutex::new(BTreeMap::new()),
-        applying: Mutex::new(BTreeMap::new()),
         owned: Mutex::new(OwnerIndex::default()),
         failures: Mutex::new(BTreeMap::new()),
     };
@@ -477,21 +565,21 @@ fn dispatch_children(shared: &Arc<Shared>, writers: Vec<Writer>, settings: &Sett
                         if let Ok(mut index) = shared.owned.lock() {
                             index.set(id(&o), owner.as_deref());
                         }
-                        // Our own apply coming back through the watch: nothing to do.
-                        let key = format!(
-                            "{}/{kind_key}/{}",
-                            owner.unwrap_or_default(),
-                            o.metadata.name.as_deref().unwrap_or_default()
+                        let key = applied_key(
+                            owner.as_deref().unwrap_or_default(),
+                            &kind_key,
+                            o.metadata.name.as_deref().unwrap_or_default(),
                         );
                         // While we apply it, the reconciliation applying it decides (see
                         // `reconcile_inner`); the watch may show the result before the apply
                         // returns.
-                        if let Ok(mut applying) = shared.applying.lock()
-                            && let Some(seen) = applying.get_mut(&key)
+                        if shared
+                            .applies
+                            .saw(&key, o.metadata.resource_version.as_deref())
                         {
-                            seen.extend(o.metadata.resource_version.clone());
                             continue;
                         }
+                        // Our own apply coming back through the watch: nothing to do.
                         let echo = shared
                             .applied
                             .lock()
@@ -508,10 +596,10 @@ fn dispatch_children(shared: &Arc<Shared>, writers: Vec<Writer>, settings: &Sett
                         // Gone: the next reconciliation of its owner must apply it again.
                         if let Ok(mut applied) = shared.applied.lock() {
                             for owner in o.metadata.owner_references.iter().flatten() {
-                                applied.remove(&format!(
-                                    "{}/{kind_key}/{}",
-                                    owner.uid,
-                                    o.metadata.name.as_deref().unwrap_or_default()
+                                applied.remove(&applied_key(
+                                    &owner.uid,
+                                    &kind_key,
+                                    o.metadata.name.as_deref().unwrap_or_default(),
                                 ));
                             }
                         }
@@ -587,8 +675,11 @@ pub fn stamp_child(
 pub(crate) fn trim_child(obj: &mut DynamicObject, kind: &str) {
     obj.metadata.managed_fields = None;
     if status::reports_readiness(kind) {
-        let replicas = obj.data.pointer("/spec/replicas").cloned();
-        let status = obj.data.get("status").cloned();
+        let replicas = obj
+            .data
+            .pointer_mut("/spec/replicas")
+            .map(serde_json::Value::take);
+        let status = obj.data.get_mut("status").map(serde_json::Value::take);
         let mut kept = serde_json::Map::new();
         if let Some(r) = replicas {
             kept.insert("spec".into(), serde_json::json!({ "replicas": r }));

@@ -380,7 +380,7 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
         desired_names.insert(format!("{key}/{name}"));
         stamp(&mut child, obj, ctx);
         let h = hash(&child);
-        let cache_key = format!("{uid}/{key}/{name}");
+        let cache_key = super::applied_key(&uid, &key, &name);
         let live = served
             .store
             .get(&ObjectRef::new_with(&name, served.ar.clone()).within(&namespace));
@@ -415,7 +415,6 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
             served,
             child,
             skip,
-            live,
             ..
         } = p;
         let api: Api<DynamicObject> =
@@ -428,7 +427,7 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
         }
         async move {
             if *skip {
-                Ok(live.as_deref().cloned())
+                Ok(None)
             } else {
                 api.patch(
                     name,
@@ -440,28 +439,16 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
             }
         }
     });
-    let applying = shared
-        .reports
-        .applying(work.iter().filter(|w| !w.skip).count());
-    if let Ok(mut in_flight) = shared.applying.lock() {
-        for w in work.iter().filter(|w| !w.skip) {
-            in_flight.insert(w.cache_key.clone(), Vec::new());
-        }
-    }
+    let batch = shared.applies.begin(
+        work.iter()
+            .filter(|w| !w.skip)
+            .map(|w| w.cache_key.clone())
+            .collect(),
+    );
     let results = futures::future::join_all(calls).await;
-    drop(applying);
     // What the watch showed of each child while it was applied: anything but the apply's own
     // result is someone else's change, to be looked at again.
-    let seen_meanwhile: BTreeMap<String, Vec<String>> = shared
-        .applying
-        .lock()
-        .map(|mut in_flight| {
-            work.iter()
-                .filter(|w| !w.skip)
-                .filter_map(|w| in_flight.remove_entry(&w.cache_key))
-                .collect()
-        })
-        .unwrap_or_default();
+    let seen_meanwhile = batch.finish();
     let mut look_again = false;
 
     let mut children = Vec::new();
@@ -476,6 +463,7 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
             cache_key,
             skip,
             changed,
+            live,
             ..
         } = planned;
         let live_object = match result {
@@ -517,7 +505,12 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
             }
             Err(e) => return Err(e.into()),
         };
-        let live_value = live_object.map(|o| serde_json::to_value(o).unwrap_or_default());
+        // The apply's answer, else (left as it is) the watch's copy.
+        let live_value = match (&live_object, &live) {
+            (Some(o), _) => serde_json::to_value(o).ok(),
+            (None, Some(l)) => serde_json::to_value(&**l).ok(),
+            (None, None) => None,
+        };
         let (ready, message) = if live_value.is_none() && status::reports_readiness(&kind) {
             // Applied moments ago, not yet seen by the watch: its status is still to come.
             (false, "not observed yet".to_owned())
@@ -572,7 +565,7 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
             Err(e) => return Err(e.into()),
         }
         if let Ok(mut a) = shared.applied.lock() {
-            a.remove(&format!("{uid}/{key}/{name}"));
+            a.remove(&super::applied_key(&uid, &key, &name));
         }
         publish(
             ctx,

@@ -16,8 +16,8 @@
 //! retried after a second, unless a newer status has replaced it.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -29,8 +29,8 @@ use kube::runtime::events::{Event, Recorder};
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 
-use super::FIELD_MANAGER;
 use super::metrics::Metrics;
+use super::{Applies, FIELD_MANAGER};
 
 /// How many writes of reports are in flight at most.
 pub(crate) const WORKERS: usize = 4;
@@ -135,23 +135,12 @@ pub(crate) struct Reports {
     work: Notify,
     in_flight: AtomicUsize,
     idle: Notify,
-    applies: AtomicUsize,
-    applies_done: Notify,
-}
-
-/// Counts applies in flight while it lives; see [`Reports::applying`].
-pub(crate) struct Applying<'a>(&'a Reports, usize);
-
-impl Drop for Applying<'_> {
-    fn drop(&mut self) {
-        if self.0.applies.fetch_sub(self.1, Ordering::SeqCst) == self.1 {
-            self.0.applies_done.notify_waiters();
-        }
-    }
+    /// The applies reports give way to.
+    applies: Arc<Applies>,
 }
 
 impl Reports {
-    pub(crate) fn new(client: kube::Client, recorder: Recorder) -> Self {
+    pub(crate) fn new(client: kube::Client, recorder: Recorder, applies: Arc<Applies>) -> Self {
         Self {
             client,
             recorder,
@@ -159,15 +148,8 @@ impl Reports {
             work: Notify::new(),
             in_flight: AtomicUsize::new(0),
             idle: Notify::new(),
-            applies: AtomicUsize::new(0),
-            applies_done: Notify::new(),
+            applies,
         }
-    }
-
-    /// Marks `n` applies as in flight until the guard is dropped; reports wait for them.
-    pub(crate) fn applying(&self, n: usize) -> Applying<'_> {
-        self.applies.fetch_add(n, Ordering::SeqCst);
-        Applying(self, n)
     }
 
     /// The status most recently asked for and not yet written, if any: newer than what the
@@ -221,11 +203,11 @@ impl Reports {
     pub(crate) async fn work(&self, metrics: &Metrics) {
         let mut deferring_since: Option<Instant> = None;
         loop {
-            if self.applies.load(Ordering::SeqCst) == 0 {
+            if self.applies.is_empty() {
                 deferring_since = None;
             } else if deferring_since.get_or_insert_with(Instant::now).elapsed() < MAX_DEFER {
-                let done = self.applies_done.notified();
-                if self.applies.load(Ordering::SeqCst) > 0 {
+                let done = self.applies.done.notified();
+                if !self.applies.is_empty() {
                     let _ = tokio::time::timeout(Duration::from_millis(100), done).await;
                 }
                 continue;

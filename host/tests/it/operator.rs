@@ -160,12 +160,23 @@ fn get(cp: &ControlPlane, ns: &str, what: &str) -> Option<Value> {
         .then(|| serde_json::from_slice(&out.stdout).unwrap())
 }
 
-async fn eventually(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
+async fn eventually(what: &str, timeout: Duration, check: impl FnMut() -> bool) {
+    eventually_or(what, timeout, check, String::new).await;
+}
+
+/// As [`eventually`], with `explain()` appended to the failure message.
+async fn eventually_or(
+    what: &str,
+    timeout: Duration,
+    mut check: impl FnMut() -> bool,
+    explain: impl Fn() -> String,
+) {
     let deadline = Instant::now() + timeout;
     while !check() {
         assert!(
             Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
+            "timed out after {timeout:?} waiting for {what}{}",
+            explain()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -560,20 +571,20 @@ async fn runs_with_its_rbac_skips_missing_crds_and_survives_an_api_server_restar
                     && condition(&w, "Ready").0 == "True"
             })
     };
-    let deadline = Instant::now() + Duration::from_secs(180);
-    while !converged() {
-        assert!(
-            Instant::now() < deadline,
-            "not converged 180 s after the API server restart:\n{}\n{}",
-            kubectl(
-                &cp,
-                &["get", "-n", &ns, "services.hanzo.ai/web", "-o", "yaml"]
+    eventually_or(
+        "the operator to converge after the restart",
+        Duration::from_secs(180),
+        converged,
+        || {
+            let get_yaml = |what| kubectl(&cp, &["get", "-n", &ns, what, "-o", "yaml"]).1;
+            format!(
+                ":\n{}\n{}",
+                get_yaml("services.hanzo.ai/web"),
+                get_yaml("deployment/web")
             )
-            .1,
-            kubectl(&cp, &["get", "-n", &ns, "deployment/web", "-o", "yaml"]).1,
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        },
+    )
+    .await;
     op.stop().await;
 }
 
