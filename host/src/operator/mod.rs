@@ -457,8 +457,8 @@ async fn setup(
     metrics: Arc<Metrics>,
     settings: &Settings,
 ) -> Result<(Shared, Vec<Writer>), Error> {
-    let mut children = BTreeMap::new();
-    let mut writers = Vec::new();
+    // Every child kind once (by `group/version/Kind`), all discovered at once.
+    let mut wanted = BTreeMap::new();
     for plugin in registry.plugins() {
         for child in &plugin.info().children {
             let api_version = if child.group.is_empty() {
@@ -466,35 +466,43 @@ async fn setup(
             } else {
                 format!("{}/{}", child.group, child.version)
             };
-            let key = gvk_key(&api_version, &child.kind);
-            if children.contains_key(&key) {
-                continue;
-            }
-            let gvk = GroupVersionKind::gvk(&child.group, &child.version, &child.kind);
-            let entry = match pinned_kind(&client, &gvk).await {
-                Ok((_, caps)) if caps.scope != Scope::Namespaced => {
-                    Err(format!("{} is cluster-scoped", child.kind))
-                }
-                Ok((ar, _)) => {
-                    let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
-                    let store = writer.as_reader();
-                    writers.push((ar.clone(), writer));
-                    Ok(ChildKind { ar, store })
-                }
-                Err(kube::Error::Api(s)) if s.code == 404 => Err(format!(
-                    "the API server does not serve {api_version} {} (is its CRD installed?)",
-                    child.kind
-                )),
-                Err(e) => Err(format!(
-                    "discovery of {api_version} {} failed: {e}",
-                    child.kind
-                )),
-            };
-            if let Err(why) = &entry {
-                tracing::warn!(kind = %child.kind, "children of this kind will be skipped: {why}");
-            }
-            children.insert(key, entry);
+            wanted
+                .entry(gvk_key(&api_version, &child.kind))
+                .or_insert((api_version, child.clone()));
         }
+    }
+    let discovered = futures::future::join_all(wanted.values().map(|(_, child)| {
+        let gvk = GroupVersionKind::gvk(&child.group, &child.version, &child.kind);
+        let client = client.clone();
+        async move { pinned_kind(&client, &gvk).await }
+    }))
+    .await;
+    let mut children = BTreeMap::new();
+    let mut writers = Vec::new();
+    for ((key, (api_version, child)), found) in wanted.into_iter().zip(discovered) {
+        let entry = match found {
+            Ok((_, caps)) if caps.scope != Scope::Namespaced => {
+                Err(format!("{} is cluster-scoped", child.kind))
+            }
+            Ok((ar, _)) => {
+                let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
+                let store = writer.as_reader();
+                writers.push((ar.clone(), writer));
+                Ok(ChildKind { ar, store })
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => Err(format!(
+                "the API server does not serve {api_version} {} (is its CRD installed?)",
+                child.kind
+            )),
+            Err(e) => Err(format!(
+                "discovery of {api_version} {} failed: {e}",
+                child.kind
+            )),
+        };
+        if let Err(why) = &entry {
+            tracing::warn!(kind = %child.kind, "children of this kind will be skipped: {why}");
+        }
+        children.insert(key, entry);
     }
     let reporter = Reporter {
         controller: FIELD_MANAGER.to_owned(),
