@@ -74,8 +74,12 @@ pub struct RunArgs {
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
     /// Reconciliations in flight per Kind.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 16)]
     pub concurrency: u16,
+    /// Applies and deletes in flight at once, across every Kind: what the operator may ask of
+    /// the API server at a time, however many reconciliations run.
+    #[arg(long, default_value_t = 16)]
+    pub max_writes_in_flight: u16,
     /// Threads for the operator's asynchronous work (watches, API calls, status). Renders run
     /// on threads of their own; one is enough for the rest, and spares the CPU it shares.
     #[arg(long, default_value_t = 1)]
@@ -315,6 +319,7 @@ fn run(args: &RunArgs) -> Result<ExitCode, Error> {
         lease_name: args.lease_name.clone(),
         identity,
         concurrency: args.concurrency.max(1),
+        max_writes_in_flight: args.max_writes_in_flight.max(1),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(usize::from(args.worker_threads.max(1)))

@@ -85,6 +85,8 @@ pub struct Settings {
     pub identity: String,
     /// Reconciliations in flight per Kind.
     pub concurrency: u16,
+    /// Applies and deletes in flight at once, across every Kind.
+    pub max_writes_in_flight: u16,
 }
 
 /// A child kind that the cluster serves and that is watched.
@@ -110,6 +112,8 @@ pub(crate) struct Shared {
     pub owned: Mutex<OwnerIndex>,
     /// Failures in a row per resource, for backoff.
     pub failures: Mutex<BTreeMap<String, u32>>,
+    /// One permit per apply or delete in flight (`Settings::max_writes_in_flight`).
+    pub writes: tokio::sync::Semaphore,
 }
 
 /// The context of one Kind's controller.
@@ -523,6 +527,7 @@ async fn setup(
         applied: Mutex::new(BTreeMap::new()),
         owned: Mutex::new(OwnerIndex::default()),
         failures: Mutex::new(BTreeMap::new()),
+        writes: tokio::sync::Semaphore::new(usize::from(settings.max_writes_in_flight)),
     };
     Ok((shared, writers))
 }

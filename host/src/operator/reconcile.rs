@@ -429,6 +429,8 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
             if *skip {
                 Ok(None)
             } else {
+                // The semaphore is never closed; without a permit, the write goes anyway.
+                let _permit = shared.writes.acquire().await.ok();
                 api.patch(
                     name,
                     &PatchParams::apply(FIELD_MANAGER).force(),
@@ -560,7 +562,10 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
             "delete",
             &format!("{}.{}", served.ar.plural, served.ar.group),
         );
-        match api.delete(&name, &DeleteParams::background()).await {
+        let permit = shared.writes.acquire().await.ok();
+        let deleted = api.delete(&name, &DeleteParams::background()).await;
+        drop(permit);
+        match deleted {
             Ok(_) | Err(kube::Error::Api(_)) => {}
             Err(e) => return Err(e.into()),
         }

@@ -67,6 +67,7 @@ impl Operator {
             lease_name: "wasm-operator".to_owned(),
             identity: identity.to_owned(),
             concurrency: 4,
+            max_writes_in_flight: 16,
         };
         let (tx, rx) = tokio::sync::oneshot::channel();
         let task = tokio::spawn(host::operator::run(
