@@ -114,6 +114,8 @@ pub(crate) struct Shared {
     pub failures: Mutex<BTreeMap<String, u32>>,
     /// One permit per apply or delete in flight (`Settings::max_writes_in_flight`).
     pub writes: tokio::sync::Semaphore,
+    /// Whether every watch (served Kinds and child kinds) has listed what it watches.
+    pub synced: tokio::sync::watch::Sender<bool>,
 }
 
 /// The context of one Kind's controller.
@@ -339,7 +341,6 @@ pub async fn run(
             shared.reports.work(&shared.metrics).await;
         }));
     }
-    metrics.set_ready(true);
 
     // Stop on shutdown, or when another replica takes the lease.
     let mut lost = leadership.as_ref().map(|(rx, _)| rx.clone());
@@ -365,6 +366,13 @@ pub async fn run(
     });
 
     let mut controllers = Vec::new();
+    // Reconciliation starts, and the operator is ready, once every watch has listed what it
+    // watches: the operator then sees the cluster.
+    let mut stores: Vec<(String, Store<DynamicObject>)> = shared
+        .children
+        .iter()
+        .filter_map(|(key, c)| c.as_ref().ok().map(|c| (key.clone(), c.store.clone())))
+        .collect();
     let owners = dispatch_children(&shared, writers, &settings);
     // Discover every Kind at once: one round trip each, all in flight together.
     let kinds: Vec<_> = shared.registry.kinds().collect();
@@ -405,6 +413,7 @@ pub async fn run(
         // writes. Children's events, resyncs and retries reach it through the scheduler.
         let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
         let reader = writer.as_reader();
+        stores.push((controller.clone(), reader.clone()));
         let trigger = reflector::reflector(
             writer,
             watcher(api, watcher::Config::default().any_semantic()),
@@ -414,9 +423,7 @@ pub async fn run(
         .predicate_filter(render_input, PredicateConfig::default());
         let run = Controller::for_stream_with(trigger, reader, ar.clone())
             .with_config(
-                kube::runtime::controller::Config::default()
-                    .concurrency(settings.concurrency)
-                    .debounce(Duration::from_millis(100)),
+                kube::runtime::controller::Config::default().concurrency(settings.concurrency),
             )
             .reconcile_on(rx)
             .graceful_shutdown_on(async move {
@@ -432,6 +439,23 @@ pub async fn run(
             "no CRD of any Kind the plugins serve is installed".into(),
         ));
     }
+    let synced = shared.clone();
+    tokio::spawn(async move {
+        // A watch that cannot list (no RBAC for it, say) must not hold every Kind back forever.
+        let deadline = tokio::time::Instant::now() + SYNC_TIMEOUT;
+        for (name, store) in stores {
+            // An error means its controller ended: nothing more to wait for.
+            if tokio::time::timeout_at(deadline, store.wait_until_ready())
+                .await
+                .is_err()
+            {
+                tracing::warn!(watch = %name, "not listed after {SYNC_TIMEOUT:?}; reconciling without it");
+            }
+        }
+        tracing::info!("caches synced; reconciling");
+        synced.synced.send_replace(true);
+        synced.metrics.set_ready(true);
+    });
     for c in controllers {
         let _ = c.await;
     }
@@ -528,6 +552,7 @@ async fn setup(
         owned: Mutex::new(OwnerIndex::default()),
         failures: Mutex::new(BTreeMap::new()),
         writes: tokio::sync::Semaphore::new(usize::from(settings.max_writes_in_flight)),
+        synced: tokio::sync::watch::Sender::new(false),
     };
     Ok((shared, writers))
 }
@@ -655,6 +680,9 @@ fn dispatch_children(shared: &Arc<Shared>, writers: Vec<Writer>, settings: &Sett
     }
     owners
 }
+
+/// How long reconciliation waits for every watch's first list before it starts anyway.
+const SYNC_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How long to wait after the `n`th failure in a row: 1 s doubling to 5 minutes.
 /// Adds to `child` what the host owns on every child of a resource: the controller owner

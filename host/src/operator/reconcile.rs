@@ -52,6 +52,10 @@ pub(crate) async fn reconcile(
     obj: Arc<DynamicObject>,
     ctx: Arc<KindCtx>,
 ) -> Result<Action, ReconcileError> {
+    // Nothing is reconciled before every watch has listed what it watches: pruning and the
+    // skipping of unchanged children read the child caches, which must be complete.
+    let mut synced = ctx.shared.synced.subscribe();
+    let _ = synced.wait_for(|s| *s).await;
     let labels = ControllerLabels {
         controller: ctx.controller.clone(),
     };
