@@ -9,6 +9,7 @@
 //! (`Ready`, `Reconciling`, `Stalled`, `observedGeneration`); nothing is written when nothing
 //! changed.
 
+mod live;
 pub mod metrics;
 mod reconcile;
 mod report;
@@ -31,6 +32,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{PredicateConfig, WatchStreamExt, watcher};
 use tokio::sync::watch;
 
+pub use live::LiveChild;
 pub use metrics::Metrics;
 
 use crate::registry::{Registry, split_api_version};
@@ -92,8 +94,8 @@ pub struct Settings {
 /// A child kind that the cluster serves and that is watched.
 pub(crate) struct ChildKind {
     pub ar: ApiResource,
-    /// The live children of this kind, as [`trim_child`] keeps them.
-    pub store: Store<DynamicObject>,
+    /// The live children of this kind, as much of them as reconciliation reads.
+    pub store: Store<LiveChild>,
 }
 
 /// What every controller shares.
@@ -368,11 +370,16 @@ pub async fn run(
     let mut controllers = Vec::new();
     // Reconciliation starts, and the operator is ready, once every watch has listed what it
     // watches: the operator then sees the cluster.
-    let mut stores: Vec<(String, Store<DynamicObject>)> = shared
-        .children
-        .iter()
-        .filter_map(|(key, c)| c.as_ref().ok().map(|c| (key.clone(), c.store.clone())))
-        .collect();
+    // (each watch, its first list done)
+    let mut listed: Vec<(String, futures::future::BoxFuture<'static, ()>)> = Vec::new();
+    for (key, child) in &shared.children {
+        if let Ok(child) = child {
+            let store = child.store.clone();
+            // An error means its watch ended: nothing more to wait for.
+            let ready = async move { drop(store.wait_until_ready().await) };
+            listed.push((key.clone(), Box::pin(ready)));
+        }
+    }
     let owners = dispatch_children(&shared, writers, &settings);
     // Discover every Kind at once: one round trip each, all in flight together.
     let kinds: Vec<_> = shared.registry.kinds().collect();
@@ -413,7 +420,9 @@ pub async fn run(
         // writes. Children's events, resyncs and retries reach it through the scheduler.
         let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
         let reader = writer.as_reader();
-        stores.push((controller.clone(), reader.clone()));
+        let store = reader.clone();
+        let ready = async move { drop(store.wait_until_ready().await) };
+        listed.push((controller.clone(), Box::pin(ready)));
         let trigger = reflector::reflector(
             writer,
             watcher(api, watcher::Config::default().any_semantic()),
@@ -443,12 +452,8 @@ pub async fn run(
     tokio::spawn(async move {
         // A watch that cannot list (no RBAC for it, say) must not hold every Kind back forever.
         let deadline = tokio::time::Instant::now() + SYNC_TIMEOUT;
-        for (name, store) in stores {
-            // An error means its controller ended: nothing more to wait for.
-            if tokio::time::timeout_at(deadline, store.wait_until_ready())
-                .await
-                .is_err()
-            {
+        for (name, ready) in listed {
+            if tokio::time::timeout_at(deadline, ready).await.is_err() {
                 tracing::warn!(watch = %name, "not listed after {SYNC_TIMEOUT:?}; reconciling without it");
             }
         }
@@ -513,7 +518,7 @@ async fn setup(
                 Err(format!("{} is cluster-scoped", child.kind))
             }
             Ok((ar, _)) => {
-                let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
+                let writer = reflector::store::Writer::<LiveChild>::new(ar.clone());
                 let store = writer.as_reader();
                 writers.push((ar.clone(), writer));
                 Ok(ChildKind { ar, store })
@@ -557,7 +562,7 @@ async fn setup(
     Ok((shared, writers))
 }
 
-type Writer = (ApiResource, reflector::store::Writer<DynamicObject>);
+type Writer = (ApiResource, reflector::store::Writer<LiveChild>);
 
 /// Each served Kind's controller by `apiVersion/Kind`: its discovered resource and its trigger.
 type Owners =
@@ -568,31 +573,29 @@ type Owners =
 fn dispatch_children(shared: &Arc<Shared>, writers: Vec<Writer>, settings: &Settings) -> Owners {
     let owners: Owners = Arc::new(Mutex::new(BTreeMap::new()));
     for (child_ar, writer) in writers {
-        let api: Api<DynamicObject> = match &settings.namespace {
+        let api: Api<LiveChild> = match &settings.namespace {
             Some(ns) => Api::namespaced_with(shared.client.clone(), ns, &child_ar),
             None => Api::all_with(shared.client.clone(), &child_ar),
         };
         let config = watcher::Config::default()
             .labels(OWNER_LABEL)
             .any_semantic();
-        // Children can be large: the store keeps only what reconciliation reads of them.
-        let kind = child_ar.kind.clone();
-        let trimmed = watcher(api, config).modify(move |o| trim_child(o, &kind));
-        let stream = reflector::reflector(writer, trimmed).default_backoff();
+        // Children can be large: they are read as `LiveChild`, only what reconciliation reads.
+        let stream = reflector::reflector(writer, watcher(api, config)).default_backoff();
         let owners = owners.clone();
         let shared = shared.clone();
         let kind_key = gvk_key(&child_ar.api_version, &child_ar.kind);
         tokio::spawn(async move {
             futures::pin_mut!(stream);
             while let Some(event) = stream.next().await {
-                let id = |o: &DynamicObject| -> ChildId {
+                let id = |o: &LiveChild| -> ChildId {
                     (
                         kind_key.clone(),
                         o.metadata.namespace.clone().unwrap_or_default(),
                         o.metadata.name.clone().unwrap_or_default(),
                     )
                 };
-                let owner_label = |o: &DynamicObject| -> Option<String> {
+                let owner_label = |o: &LiveChild| -> Option<String> {
                     o.metadata.labels.as_ref()?.get(OWNER_LABEL).cloned()
                 };
                 let o = match event {
@@ -711,29 +714,6 @@ pub fn stamp_child(
     }]);
 }
 
-/// What the host keeps of a live child: its metadata without `managedFields`, and for the kinds
-/// whose readiness it reports (Deployment, StatefulSet) their `status` and `spec.replicas`.
-pub(crate) fn trim_child(obj: &mut DynamicObject, kind: &str) {
-    obj.metadata.managed_fields = None;
-    if status::reports_readiness(kind) {
-        let replicas = obj
-            .data
-            .pointer_mut("/spec/replicas")
-            .map(serde_json::Value::take);
-        let status = obj.data.get_mut("status").map(serde_json::Value::take);
-        let mut kept = serde_json::Map::new();
-        if let Some(r) = replicas {
-            kept.insert("spec".into(), serde_json::json!({ "replicas": r }));
-        }
-        if let Some(s) = status {
-            kept.insert("status".into(), s);
-        }
-        obj.data = serde_json::Value::Object(kept);
-    } else {
-        obj.data = serde_json::Value::Null;
-    }
-}
-
 /// A hash of what a render reads from a resource besides its name: generation (the spec),
 /// labels and annotations; and its uid, so that a resource created again under the same name
 /// counts as new.
@@ -784,31 +764,5 @@ mod tests {
         index.set(child("Service", "db"), Some("uid-2"));
         index.clear_kind("apps/v1/Deployment");
         assert_eq!(index.owned_by("uid-2"), vec![child("Service", "db")]);
-    }
-
-    #[test]
-    fn the_child_cache_keeps_metadata_and_readiness_only() {
-        let full = serde_json::json!({
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {
-                "name": "web",
-                "managedFields": [{ "manager": "x", "operation": "Apply" }],
-                "labels": { "a": "b" },
-            },
-            "spec": { "replicas": 2, "template": { "spec": { "containers": [] } } },
-            "status": { "availableReplicas": 2 },
-        });
-        let mut d: DynamicObject = serde_json::from_value(full.clone()).unwrap();
-        trim_child(&mut d, "Deployment");
-        assert!(d.metadata.managed_fields.is_none());
-        assert_eq!(d.metadata.labels.unwrap()["a"], "b");
-        assert_eq!(
-            d.data,
-            serde_json::json!({ "spec": { "replicas": 2 }, "status": { "availableReplicas": 2 } })
-        );
-        let mut s: DynamicObject = serde_json::from_value(full).unwrap();
-        trim_child(&mut s, "Service");
-        assert_eq!(s.data, serde_json::Value::Null);
     }
 }

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use super::metrics::{ControllerLabels, FailureLabels, Metrics, PluginLabels, ResultLabels};
 use super::report::{self, Key};
 use super::status::{self, Child, Outcome, Skipped};
-use super::{FIELD_MANAGER, KindCtx, backoff, gvk_key};
+use super::{FIELD_MANAGER, KindCtx, LiveChild, backoff, gvk_key};
 use crate::types::Resource as PluginResource;
 
 /// How often a resource is rendered again with no event (a resync).
@@ -31,7 +31,7 @@ pub(crate) struct Applied {
 
 impl Applied {
     /// Whether `live` is exactly what our apply left (its echo through the watch).
-    pub(crate) fn is_echo(&self, live: &DynamicObject) -> bool {
+    pub(crate) fn is_echo(&self, live: &LiveChild) -> bool {
         self.resource_version.is_some() && live.metadata.resource_version == self.resource_version
     }
 }
@@ -173,7 +173,7 @@ struct Planned<'a> {
     /// Whether applying it changes it (for the `Applied` event).
     changed: bool,
     /// For a child left as it is whose readiness counts, the watch's copy.
-    live: Option<Arc<DynamicObject>>,
+    live: Option<Arc<LiveChild>>,
 }
 
 /// Whether the live child still is what we last applied: same desired object, our labels and
@@ -183,7 +183,7 @@ fn unchanged(
     desired: &Value,
     hash: u64,
     applied: Option<&Applied>,
-    live: Option<&DynamicObject>,
+    live: Option<&LiveChild>,
 ) -> bool {
     let (Some(applied), Some(live)) = (applied, live) else {
         return false;
@@ -421,7 +421,7 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
             skip,
             ..
         } = p;
-        let api: Api<DynamicObject> =
+        let api: Api<LiveChild> =
             Api::namespaced_with(shared.client.clone(), &namespace, &served.ar);
         if !*skip {
             shared.metrics.write(
@@ -512,16 +512,12 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
             Err(e) => return Err(e.into()),
         };
         // The apply's answer, else (left as it is) the watch's copy.
-        let live_value = match (&live_object, &live) {
-            (Some(o), _) => serde_json::to_value(o).ok(),
-            (None, Some(l)) => serde_json::to_value(&**l).ok(),
-            (None, None) => None,
-        };
-        let (ready, message) = if live_value.is_none() && status::reports_readiness(&kind) {
+        let live = live_object.as_ref().or(live.as_deref());
+        let (ready, message) = if live.is_none() && status::reports_readiness(&kind) {
             // Applied moments ago, not yet seen by the watch: its status is still to come.
             (false, "not observed yet".to_owned())
         } else {
-            status::child_ready(&kind, live_value.as_ref())
+            status::child_ready(&kind, live)
         };
         children.push(Child {
             api_version,
@@ -560,7 +556,7 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
         {
             continue;
         }
-        let api: Api<DynamicObject> =
+        let api: Api<LiveChild> =
             Api::namespaced_with(shared.client.clone(), &namespace, &served.ar);
         shared.metrics.write(
             "delete",

@@ -3,6 +3,8 @@
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 
+use super::LiveChild;
+
 /// A child as the status summarises it.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Child {
@@ -29,24 +31,27 @@ pub(crate) fn reports_readiness(kind: &str) -> bool {
 }
 
 /// Whether a child is ready, from its live object (`None`: not read, it exists).
-pub(crate) fn child_ready(kind: &str, live: Option<&Value>) -> (bool, String) {
+pub(crate) fn child_ready(kind: &str, live: Option<&LiveChild>) -> (bool, String) {
     let Some(o) = live else {
         return (true, "exists".into());
     };
-    let int = |p: &str| o.pointer(p).and_then(Value::as_i64).unwrap_or(0);
-    let generation = int("/metadata/generation");
-    let observed = int("/status/observedGeneration");
+    let int = |field: &str| {
+        o.status
+            .as_ref()
+            .and_then(|s| s.get(field))
+            .and_then(Value::as_i64)
+            .unwrap_or(0)
+    };
+    let generation = o.metadata.generation.unwrap_or(0);
+    let observed = int("observedGeneration");
     // (the count that makes it ready, its word): the rollout must also be fully updated.
-    let (ready_path, word) = match kind {
-        "Deployment" => ("/status/availableReplicas", "available"),
-        "StatefulSet" => ("/status/readyReplicas", "ready"),
+    let (ready_field, word) = match kind {
+        "Deployment" => ("availableReplicas", "available"),
+        "StatefulSet" => ("readyReplicas", "ready"),
         _ => return (true, "exists".into()),
     };
-    let want = o
-        .pointer("/spec/replicas")
-        .and_then(Value::as_i64)
-        .unwrap_or(1);
-    let (ready, updated) = (int(ready_path), int("/status/updatedReplicas"));
+    let want = o.replicas().unwrap_or(1);
+    let (ready, updated) = (int(ready_field), int("updatedReplicas"));
     if observed < generation {
         (
             false,
@@ -204,12 +209,13 @@ mod tests {
 
     #[test]
     fn rollouts_are_ready_when_updated_and_available_for_the_latest_generation() {
+        let live = |v: Value| -> LiveChild { serde_json::from_value(v).unwrap() };
         let deployment = |generation: i64, observed: i64, available: i64, updated: i64| {
-            json!({
+            live(json!({
                 "metadata": { "generation": generation },
                 "spec": { "replicas": 2 },
                 "status": { "observedGeneration": observed, "availableReplicas": available, "updatedReplicas": updated },
-            })
+            }))
         };
         assert_eq!(
             child_ready("Deployment", Some(&deployment(2, 2, 2, 2))),
@@ -223,11 +229,11 @@ mod tests {
             child_ready("Deployment", Some(&deployment(1, 1, 1, 2))),
             (false, "1/2 available, 2/2 updated".into())
         );
-        let sts = json!({
+        let sts = live(json!({
             "metadata": { "generation": 1 },
             "spec": { "replicas": 3 },
             "status": { "observedGeneration": 1, "readyReplicas": 3, "updatedReplicas": 3 },
-        });
+        }));
         assert_eq!(
             child_ready("StatefulSet", Some(&sts)),
             (true, "3/3 ready".into())

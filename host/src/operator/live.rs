@@ -1,0 +1,165 @@
+//! A child as the operator reads it from the API server: what reconciliation needs of it and
+//! nothing else.
+//!
+//! Every child the operator applies comes back twice: in the apply's answer and through the
+//! child watch, later again with each status change. Read as a `DynamicObject`, each of those
+//! is parsed in full (its managed fields, its pod template) into JSON values, buffered once more
+//! for `DynamicObject`'s flattened fields, and then mostly thrown away. `LiveChild` reads the
+//! metadata the reconciliation and the watches use, `spec.replicas` and `status`, and skips the
+//! rest of the text without building anything from it.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use kube::core::{DynamicResourceScope, Resource};
+use kube::discovery::ApiResource;
+use serde::{Deserialize, Deserializer};
+use serde_json::Value;
+
+/// A child object, read for reconciliation (see the module's documentation).
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct LiveChild {
+    /// Its metadata, without `managedFields`.
+    #[serde(default, deserialize_with = "lean_metadata")]
+    pub metadata: ObjectMeta,
+    /// `spec.replicas`, for the kinds that have it.
+    #[serde(default)]
+    spec: Spec,
+    /// Its status as the API server returned it.
+    #[serde(default)]
+    pub status: Option<Value>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+struct Spec {
+    #[serde(default)]
+    replicas: Option<i64>,
+}
+
+impl LiveChild {
+    /// `spec.replicas`, where the kind has it.
+    pub fn replicas(&self) -> Option<i64> {
+        self.spec.replicas
+    }
+}
+
+/// The metadata fields the operator reads; serde skips the others (`managedFields` above all)
+/// without building them.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct LeanMeta {
+    name: Option<String>,
+    namespace: Option<String>,
+    uid: Option<String>,
+    resource_version: Option<String>,
+    generation: Option<i64>,
+    labels: Option<BTreeMap<String, String>>,
+    annotations: Option<BTreeMap<String, String>>,
+    owner_references: Option<Vec<OwnerReference>>,
+    deletion_timestamp: Option<Time>,
+}
+
+fn lean_metadata<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+    let m = LeanMeta::deserialize(d)?;
+    Ok(ObjectMeta {
+        name: m.name,
+        namespace: m.namespace,
+        uid: m.uid,
+        resource_version: m.resource_version,
+        generation: m.generation,
+        labels: m.labels,
+        annotations: m.annotations,
+        owner_references: m.owner_references,
+        deletion_timestamp: m.deletion_timestamp,
+        ..ObjectMeta::default()
+    })
+}
+
+impl Resource for LiveChild {
+    type DynamicType = ApiResource;
+    type Scope = DynamicResourceScope;
+
+    fn kind(dt: &ApiResource) -> Cow<'_, str> {
+        dt.kind.as_str().into()
+    }
+
+    fn group(dt: &ApiResource) -> Cow<'_, str> {
+        dt.group.as_str().into()
+    }
+
+    fn version(dt: &ApiResource) -> Cow<'_, str> {
+        dt.version.as_str().into()
+    }
+
+    fn api_version(dt: &ApiResource) -> Cow<'_, str> {
+        dt.api_version.as_str().into()
+    }
+
+    fn plural(dt: &ApiResource) -> Cow<'_, str> {
+        dt.plural.as_str().into()
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_metadata_replicas_and_status_and_skips_the_rest() {
+        let text = serde_json::json!({
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {
+                "name": "web",
+                "namespace": "ns",
+                "uid": "u-1",
+                "resourceVersion": "42",
+                "generation": 3,
+                "labels": { "wasm-operator.dev/owner": "owner-uid" },
+                "annotations": { "deployment.kubernetes.io/revision": "1" },
+                "ownerReferences": [{
+                    "apiVersion": "hanzo.ai/v1", "kind": "Service", "name": "web",
+                    "uid": "owner-uid", "controller": true
+                }],
+                "managedFields": [{ "manager": "wasm-operator", "fieldsV1": { "f:spec": {} } }],
+                "creationTimestamp": "2026-11-30T00:00:00Z",
+            },
+            "spec": { "replicas": 2, "template": { "spec": { "containers": [] } } },
+            "status": { "observedGeneration": 3, "availableReplicas": 2 },
+        })
+        .to_string();
+        let live: LiveChild = serde_json::from_str(&text).unwrap();
+        let m = &live.metadata;
+        assert_eq!(m.name.as_deref(), Some("web"));
+        assert_eq!(m.namespace.as_deref(), Some("ns"));
+        assert_eq!(m.uid.as_deref(), Some("u-1"));
+        assert_eq!(m.resource_version.as_deref(), Some("42"));
+        assert_eq!(m.generation, Some(3));
+        assert_eq!(
+            m.labels.as_ref().unwrap()["wasm-operator.dev/owner"],
+            "owner-uid"
+        );
+        assert_eq!(
+            m.owner_references.as_ref().unwrap()[0].controller,
+            Some(true)
+        );
+        assert!(m.managed_fields.is_none());
+        assert!(m.creation_timestamp.is_none());
+        assert_eq!(live.replicas(), Some(2));
+        assert_eq!(live.status.unwrap()["availableReplicas"], 2);
+
+        let service: LiveChild =
+            serde_json::from_str(r#"{"metadata":{"name":"web"},"spec":{"ports":[]}}"#).unwrap();
+        assert_eq!(service.replicas(), None);
+        assert!(service.status.is_none());
+    }
+}
