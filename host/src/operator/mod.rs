@@ -369,18 +369,8 @@ pub async fn run(
 
     let mut controllers = Vec::new();
     // Reconciliation starts, and the operator is ready, once every watch has listed what it
-    // watches: the operator then sees the cluster.
-    // (each watch, its first list done)
-    let mut listed: Vec<(String, futures::future::BoxFuture<'static, ()>)> = Vec::new();
-    for (key, child) in &shared.children {
-        if let Ok(child) = child {
-            let store = child.store.clone();
-            // An error means its watch ended: nothing more to wait for.
-            let ready = async move { drop(store.wait_until_ready().await) };
-            listed.push((key.clone(), Box::pin(ready)));
-        }
-    }
-    let owners = dispatch_children(&shared, writers, &settings);
+    // watches (into its store): the operator then sees the cluster.
+    let (owners, mut listed) = dispatch_children(&shared, writers, &settings);
     // Discover every Kind at once: one round trip each, all in flight together.
     let kinds: Vec<_> = shared.registry.kinds().collect();
     let discovered = futures::future::join_all(kinds.iter().map(|(_, kind)| {
@@ -420,13 +410,13 @@ pub async fn run(
         // writes. Children's events, resyncs and retries reach it through the scheduler.
         let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
         let reader = writer.as_reader();
-        let store = reader.clone();
-        let ready = async move { drop(store.wait_until_ready().await) };
-        listed.push((controller.clone(), Box::pin(ready)));
+        let (first_list, done) = FirstList::new();
+        listed.push((controller.clone(), done));
         let trigger = reflector::reflector(
             writer,
             watcher(api, watcher::Config::default().any_semantic()),
         )
+        .inspect(first_list.observer())
         .default_backoff()
         .applied_objects()
         .predicate_filter(render_input, PredicateConfig::default());
@@ -452,8 +442,10 @@ pub async fn run(
     tokio::spawn(async move {
         // A watch that cannot list (no RBAC for it, say) must not hold every Kind back forever.
         let deadline = tokio::time::Instant::now() + SYNC_TIMEOUT;
-        for (name, ready) in listed {
-            if tokio::time::timeout_at(deadline, ready).await.is_err() {
+        for (name, mut done) in listed {
+            // An error means its watch ended: nothing more to wait for.
+            let listed = tokio::time::timeout_at(deadline, done.wait_for(|d| *d)).await;
+            if listed.is_err() {
                 tracing::warn!(watch = %name, "not listed after {SYNC_TIMEOUT:?}; reconciling without it");
             }
         }
@@ -568,10 +560,38 @@ type Writer = (ApiResource, reflector::store::Writer<LiveChild>);
 type Owners =
     Arc<Mutex<BTreeMap<String, (ApiResource, mpsc::UnboundedSender<ObjectRef<DynamicObject>>)>>>;
 
+/// Says when a watch's first list has reached its store. (`Store::wait_until_ready` wakes only
+/// the last of several waiters, and the controller already waits on its own store.)
+struct FirstList(tokio::sync::watch::Sender<bool>);
+
+/// Turns true once the watch's first list is in its store.
+type FirstListDone = tokio::sync::watch::Receiver<bool>;
+
+impl FirstList {
+    fn new() -> (Self, FirstListDone) {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        (Self(tx), rx)
+    }
+
+    /// For `inspect` after the reflector, which has applied each event to the store by then.
+    fn observer<K>(self) -> impl FnMut(&Result<watcher::Event<K>, watcher::Error>) {
+        move |event| {
+            if let Ok(watcher::Event::InitDone) = event {
+                self.0.send_replace(true);
+            }
+        }
+    }
+}
+
 /// Watches every served child kind (by the ownership label), keeps the caches
 /// the reconciler prunes from, and sends each change to the controller of the child's owner.
-fn dispatch_children(shared: &Arc<Shared>, writers: Vec<Writer>, settings: &Settings) -> Owners {
+fn dispatch_children(
+    shared: &Arc<Shared>,
+    writers: Vec<Writer>,
+    settings: &Settings,
+) -> (Owners, Vec<(String, FirstListDone)>) {
     let owners: Owners = Arc::new(Mutex::new(BTreeMap::new()));
+    let mut listed = Vec::new();
     for (child_ar, writer) in writers {
         let api: Api<LiveChild> = match &settings.namespace {
             Some(ns) => Api::namespaced_with(shared.client.clone(), ns, &child_ar),
@@ -581,7 +601,11 @@ fn dispatch_children(shared: &Arc<Shared>, writers: Vec<Writer>, settings: &Sett
             .labels(OWNER_LABEL)
             .any_semantic();
         // Children can be large: they are read as `LiveChild`, only what reconciliation reads.
-        let stream = reflector::reflector(writer, watcher(api, config)).default_backoff();
+        let (first_list, done) = FirstList::new();
+        listed.push((gvk_key(&child_ar.api_version, &child_ar.kind), done));
+        let stream = reflector::reflector(writer, watcher(api, config))
+            .inspect(first_list.observer())
+            .default_backoff();
         let owners = owners.clone();
         let shared = shared.clone();
         let kind_key = gvk_key(&child_ar.api_version, &child_ar.kind);
@@ -681,7 +705,7 @@ fn dispatch_children(shared: &Arc<Shared>, writers: Vec<Writer>, settings: &Sett
             }
         });
     }
-    owners
+    (owners, listed)
 }
 
 /// How long reconciliation waits for every watch's first list before it starts anyway.
