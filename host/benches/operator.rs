@@ -532,6 +532,16 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
+/// Prints a table row: the median of `values`, then each round's value.
+fn row(label: &str, values: &[f64], format: &dyn Fn(f64) -> String, target: &str) {
+    let rounds: Vec<String> = values.iter().map(|v| format(*v)).collect();
+    println!(
+        "| {label} | {} | {} | {target} |",
+        format(median(values.to_vec())),
+        rounds.join(", ")
+    );
+}
+
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
         .ok()
@@ -574,12 +584,7 @@ async fn main() {
         operators.push(operator);
     }
 
-    let secs = |v: Vec<f64>| {
-        v.iter()
-            .map(|d| format!("{d:.1}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
+    let secs = |v: f64| format!("{v:.1} s");
     let bare_times: Vec<f64> = bares.iter().map(|p| p.time.as_secs_f64()).collect();
     let op_times: Vec<f64> = operators
         .iter()
@@ -616,49 +621,23 @@ async fn main() {
     );
     println!("| measure | median | rounds | target |");
     println!("|---|---:|---|---|");
-    println!(
-        "| bare SSA loop, 16 in flight | {:.1} s | {} | |",
-        median(bare_times.clone()),
-        secs(bare_times)
+    row("bare SSA loop, 16 in flight", &bare_times, &secs, "");
+    row(
+        "`host run` start-up: process start to `/readyz` (caches synced)",
+        &startups,
+        &|v| format!("{v:.2} s"),
+        "",
     );
-    println!(
-        "| `host run` start-up: process start to `/readyz` (caches synced) | {:.2} s | {} | |",
-        median(startups.clone()),
-        startups
-            .iter()
-            .map(|d| format!("{d:.2}"))
-            .collect::<Vec<_>>()
-            .join(", ")
+    row(
+        "`host run` from `/readyz` until every child is applied",
+        &op_times,
+        &secs,
+        "",
     );
-    println!(
-        "| `host run` from `/readyz` until every child is applied | {:.1} s | {} | |",
-        median(op_times.clone()),
-        secs(op_times)
-    );
-    println!(
-        "| ratio | **{:.2}×** | {} | ≤ 1.25× |",
-        median(ratios.clone()),
-        ratios
-            .iter()
-            .map(|r| format!("{r:.2}×"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    println!(
-        "| operator CPU until then | {:.1} s | {} | |",
-        median(op_cpu.clone()),
-        secs(op_cpu)
-    );
-    println!(
-        "| API server CPU, bare loop | {:.1} s | {} | |",
-        median(api_bare.clone()),
-        secs(api_bare)
-    );
-    println!(
-        "| API server CPU, operator | {:.1} s | {} | |",
-        median(api_op.clone()),
-        secs(api_op)
-    );
+    row("ratio", &ratios, &|v| format!("{v:.2}×"), "≤ 1.25×");
+    row("operator CPU until then", &op_cpu, &secs, "");
+    row("API server CPU, bare loop", &api_bare, &secs, "");
+    row("API server CPU, operator", &api_op, &secs, "");
     println!(
         "| operator writes until then (last round) | {} | | |",
         last.writes
