@@ -331,6 +331,8 @@ pub async fn run(
             return Ok(());
         }
         tracing::info!(identity = %settings.identity, "leading");
+        // Ready again once this replica's watches have listed (below).
+        metrics.set_ready(false);
         leadership = Some((is_leader, handle));
     }
 

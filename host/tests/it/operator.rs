@@ -85,13 +85,22 @@ impl Operator {
         }
     }
 
-    fn scrape(&self) -> String {
+    fn get(&self, path: &str) -> String {
         let mut s = TcpStream::connect(self.metrics).unwrap();
-        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
             .unwrap();
         let mut out = String::new();
         s.read_to_string(&mut out).unwrap();
         out
+    }
+
+    fn scrape(&self) -> String {
+        self.get("/metrics")
+    }
+
+    /// Whether `/readyz` answers 200.
+    fn ready(&self) -> bool {
+        self.get("/readyz").starts_with("HTTP/1.0 200")
     }
 
     fn writes(&self) -> f64 {
@@ -622,6 +631,8 @@ async fn two_replicas_share_one_lease() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(holder().as_deref(), Some("replica-a"));
     assert_eq!(b.writes(), 0.0, "the standby replica wrote");
+    assert!(a.ready(), "the leader has listed everything: ready");
+    assert!(b.ready(), "a standby waiting for the Lease is ready");
 
     // The leader steps down on shutdown; the standby takes over and reconciles.
     a.stop().await;
@@ -638,5 +649,6 @@ async fn two_replicas_share_one_lease() {
         get(cp, &ns, "deployment/web").is_some_and(|d| d["spec"]["replicas"] == 1)
     })
     .await;
+    assert!(b.ready(), "the new leader, having reconciled, is ready");
     b.stop().await;
 }
