@@ -137,8 +137,8 @@ fn machine_cpu() -> Vec<(String, f64)> {
     out.into_iter().collect()
 }
 
-/// What each process used between two `machine_cpu` readings.
-fn cpu_delta(before: &[(String, f64)], after: &[(String, f64)]) -> Vec<(String, f64)> {
+/// Named counters' growth between two readings (CPU by process, writes by verb).
+fn delta(before: &[(String, f64)], after: &[(String, f64)]) -> Vec<(String, f64)> {
     after
         .iter()
         .map(|(name, t)| {
@@ -370,7 +370,7 @@ async fn bare_phase(
     all_seen(seen, n, started + Duration::from_secs(300)).await;
     Phase {
         time: started.elapsed(),
-        cpu: cpu_delta(&cpu0, &machine_cpu()),
+        cpu: delta(&cpu0, &machine_cpu()),
     }
 }
 
@@ -481,7 +481,7 @@ async fn operator_phase(root: &std::path::Path, n: usize, quiet: Option<u64>) ->
     all_seen(seen, n, started + Duration::from_secs(300)).await;
     let phase = Phase {
         time: started.elapsed(),
-        cpu: cpu_delta(&cpu0, &machine_cpu()),
+        cpu: delta(&cpu0, &machine_cpu()),
     };
     let writes = writes_by_verb(port);
     let quiet = match quiet {
@@ -494,15 +494,8 @@ async fn operator_phase(root: &std::path::Path, n: usize, quiet: Option<u64>) ->
             let before = writes_by_verb(port);
             tokio::time::sleep(Duration::from_secs(secs)).await;
             let after = writes_by_verb(port);
-            let quiet_writes: Vec<(String, f64)> = after
-                .iter()
-                .map(|(verb, n)| {
-                    let b = before
-                        .iter()
-                        .find(|(v, _)| v == verb)
-                        .map_or(0.0, |(_, b)| *b);
-                    (verb.clone(), n - b)
-                })
+            let quiet_writes: Vec<(String, f64)> = delta(&before, &after)
+                .into_iter()
                 .filter(|(_, n)| *n > 0.0)
                 .collect();
             Some(Quiet {
@@ -530,6 +523,15 @@ fn median(mut v: Vec<f64>) -> f64 {
     } else {
         (v[mid - 1] + v[mid]) / 2.0
     }
+}
+
+/// `2000 apply, 4 apply_status`
+fn by_verb(writes: &[(String, f64)]) -> String {
+    writes
+        .iter()
+        .map(|(verb, n)| format!("{n} {verb}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Prints a table row: the median of `values`, then each round's value.
@@ -640,11 +642,7 @@ async fn main() {
     row("API server CPU, operator", &api_op, &secs, "");
     println!(
         "| operator writes until then (last round) | {} | | |",
-        last.writes
-            .iter()
-            .map(|(verb, n)| format!("{n} {verb}"))
-            .collect::<Vec<_>>()
-            .join(", ")
+        by_verb(&last.writes)
     );
     println!(
         "| every resource Ready (last round), after convergence | {:.0} s | | |",
@@ -655,15 +653,7 @@ async fn main() {
         if steady.writes.is_empty() {
             String::new()
         } else {
-            format!(
-                " ({})",
-                steady
-                    .writes
-                    .iter()
-                    .map(|(verb, n)| format!("{n} {verb}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
+            format!(" ({})", by_verb(&steady.writes))
         }
     );
     println!(
