@@ -5,14 +5,15 @@
 //!    objects the plugin renders and the host stamps, 16 requests in flight): the physical limit.
 //! 2. `host run` (the release binary, a separate process, 16 writes in flight) reconciles the
 //!    same N resources; the time is from its `/readyz` until every child exists.
-//! 3. Writes the operator sends during a quiet minute after convergence (from its /metrics).
+//! 3. Writes the operator sends during a quiet minute once every resource is Ready (from its
+//!    /metrics).
 //! 4. The operator's peak RSS (VmHWM).
 //!
 //! Rounds of both phases (`BENCH_ROUNDS`, default 5); the ratio of each round and their median.
 //!
 //! Run: `cargo bench -p host --bench operator` (N defaults to 1000; `BENCH_RESOURCES=200` for a
 //! quicker run; `BENCH_QUIET_SECS` sets the quiet period, default 60; `BENCH_TRACE=1` prints
-//! the children seen every half second; `BENCH_LOG` is the operator's `RUST_LOG`).
+//! the children seen every 0.1 s; `BENCH_LOG` is the operator's `RUST_LOG`).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -236,7 +237,7 @@ fn stop(mut operator: KillOnDrop) {
     let _ = operator.0.wait();
 }
 
-/// With `BENCH_TRACE` set, prints the children seen every half second from now on.
+/// With `BENCH_TRACE` set, prints the children seen every 0.1 s from now on.
 fn trace(counters: &[tokio::sync::watch::Receiver<usize>; 2], n: usize, label: &'static str) {
     if std::env::var_os("BENCH_TRACE").is_some() {
         let counters = counters.clone();
@@ -299,6 +300,15 @@ fn service_ar() -> ApiResource {
 
 const MANAGED: &str = "app.kubernetes.io/managed-by=wasm-operator";
 
+/// Counts the Deployments and the Services the host stamped in `ns` as they appear.
+fn count_children(client: &kube::Client, ns: &str) -> [tokio::sync::watch::Receiver<usize>; 2] {
+    let (deployments, services) = child_kinds();
+    [
+        count_appearing(client, ns, &deployments, MANAGED),
+        count_appearing(client, ns, &services, MANAGED),
+    ]
+}
+
 fn child_kinds() -> (ApiResource, ApiResource) {
     (
         ApiResource::erase::<k8s_openapi::api::apps::v1::Deployment>(&()),
@@ -321,8 +331,8 @@ async fn bare_phase(
     registry: &host::registry::Registry,
     n: usize,
 ) -> Phase {
-    let (_cp, client) = control_plane(root).await;
-    let ns = _cp.namespace(&client, "bare").await.unwrap();
+    let (cp, client) = control_plane(root).await;
+    let ns = cp.namespace(&client, "bare").await.unwrap();
     let service_ar = service_ar();
     let (deployments, services) = child_kinds();
     let owners = create_resources(&client, &ns, &service_ar, n).await;
@@ -341,10 +351,7 @@ async fn bare_phase(
         }
     }
     assert_eq!(children.len(), 2 * n, "a Deployment and a Service each");
-    let seen = [
-        count_appearing(&client, &ns, &deployments, MANAGED),
-        count_appearing(&client, &ns, &services, MANAGED),
-    ];
+    let seen = count_children(&client, &ns);
     let params = PatchParams::apply("bench.wasm-operator.dev/bare").force();
     let started = Instant::now();
     let cpu0 = machine_cpu();
@@ -431,7 +438,6 @@ async fn all_ready(client: &kube::Client, ns: &str, n: usize) -> Duration {
 async fn operator_phase(root: &std::path::Path, n: usize, quiet: Option<u64>) -> OperatorRun {
     let (cp, client) = control_plane(root).await;
     let ns = cp.namespace(&client, "operated").await.unwrap();
-    let (deployments, services) = child_kinds();
     create_resources(&client, &ns, &service_ar(), n).await;
     let port = TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -461,10 +467,7 @@ async fn operator_phase(root: &std::path::Path, n: usize, quiet: Option<u64>) ->
         .expect("host run starts");
     let operator = KillOnDrop(child);
     // Watch for the children before the operator starts, so that none is missed.
-    let seen = [
-        count_appearing(&client, &ns, &deployments, MANAGED),
-        count_appearing(&client, &ns, &services, MANAGED),
-    ];
+    let seen = count_children(&client, &ns);
     let up = Instant::now();
     while !scrape_path(port, "/readyz").contains("200 OK") {
         assert!(

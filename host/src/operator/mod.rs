@@ -25,7 +25,7 @@ use futures::StreamExt;
 use futures::channel::mpsc;
 use kube::api::{Api, DynamicObject};
 use kube::core::GroupVersionKind;
-use kube::discovery::{ApiResource, Scope, pinned_kind};
+use kube::discovery::{ApiCapabilities, ApiResource, Scope, pinned_kind};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -120,7 +120,23 @@ pub(crate) struct Shared {
     pub synced: tokio::sync::watch::Sender<bool>,
 }
 
-/// The context of one Kind's controller.
+impl Shared {
+    /// Sends one write of a child (`verb`: apply, delete) within the budget of writes in flight,
+    /// counted in `wasm_operator_api_writes_total`.
+    pub(crate) async fn write<T>(
+        &self,
+        verb: &str,
+        ar: &ApiResource,
+        call: impl std::future::Future<Output = T>,
+    ) -> T {
+        self.metrics
+            .write(verb, &format!("{}.{}", ar.plural, ar.group));
+        // The semaphore is never closed; without a permit, the write goes anyway.
+        let _permit = self.writes.acquire().await.ok();
+        call.await
+    }
+}
+
 /// The key of a child in `Shared::applied` and [`Applies`]: its owner's uid, kind key
 /// (`group/version/Kind`) and name.
 pub(crate) fn applied_key(owner_uid: &str, kind_key: &str, name: &str) -> String {
@@ -262,6 +278,7 @@ impl OwnerIndex {
     }
 }
 
+/// The context of one Kind's controller.
 pub(crate) struct KindCtx {
     pub shared: Arc<Shared>,
     pub ar: ApiResource,
@@ -373,13 +390,13 @@ pub async fn run(
     // Reconciliation starts, and the operator is ready, once every watch has listed what it
     // watches (into its store): the operator then sees the cluster.
     let (owners, mut listed) = dispatch_children(&shared, writers, &settings);
-    // Discover every Kind at once: one round trip each, all in flight together.
     let kinds: Vec<_> = shared.registry.kinds().collect();
-    let discovered = futures::future::join_all(kinds.iter().map(|(_, kind)| {
-        let gvk = GroupVersionKind::gvk(&kind.group, &kind.versions[0], &kind.kind);
-        let client = client.clone();
-        async move { pinned_kind(&client, &gvk).await }
-    }))
+    let discovered = discover(
+        &client,
+        kinds
+            .iter()
+            .map(|(_, kind)| GroupVersionKind::gvk(&kind.group, &kind.versions[0], &kind.kind)),
+    )
     .await;
     for ((plugin, kind), found) in kinds.into_iter().zip(discovered) {
         let ar = match found {
@@ -498,11 +515,12 @@ async fn setup(
                 .or_insert((api_version, child.clone()));
         }
     }
-    let discovered = futures::future::join_all(wanted.values().map(|(_, child)| {
-        let gvk = GroupVersionKind::gvk(&child.group, &child.version, &child.kind);
-        let client = client.clone();
-        async move { pinned_kind(&client, &gvk).await }
-    }))
+    let discovered = discover(
+        &client,
+        wanted
+            .values()
+            .map(|(_, child)| GroupVersionKind::gvk(&child.group, &child.version, &child.kind)),
+    )
     .await;
     let mut children = BTreeMap::new();
     let mut writers = Vec::new();
@@ -556,6 +574,14 @@ async fn setup(
     Ok((shared, writers))
 }
 
+/// Discovers each of `gvks`: one round trip each, all in flight together.
+async fn discover(
+    client: &kube::Client,
+    gvks: impl Iterator<Item = GroupVersionKind>,
+) -> Vec<Result<(ApiResource, ApiCapabilities), kube::Error>> {
+    futures::future::join_all(gvks.map(|gvk| async move { pinned_kind(client, &gvk).await })).await
+}
+
 type Writer = (ApiResource, reflector::store::Writer<LiveChild>);
 
 /// Each served Kind's controller by `apiVersion/Kind`: its discovered resource and its trigger.
@@ -603,27 +629,27 @@ fn dispatch_children(
             .labels(OWNER_LABEL)
             .any_semantic();
         // Children can be large: they are read as `LiveChild`, only what reconciliation reads.
+        let kind_key = gvk_key(&child_ar.api_version, &child_ar.kind);
         let (first_list, done) = FirstList::new();
-        listed.push((gvk_key(&child_ar.api_version, &child_ar.kind), done));
+        listed.push((kind_key.clone(), done));
         let stream = reflector::reflector(writer, watcher(api, config))
             .inspect(first_list.observer())
             .default_backoff();
         let owners = owners.clone();
         let shared = shared.clone();
-        let kind_key = gvk_key(&child_ar.api_version, &child_ar.kind);
         tokio::spawn(async move {
+            let id = |o: &LiveChild| -> ChildId {
+                (
+                    kind_key.clone(),
+                    o.metadata.namespace.clone().unwrap_or_default(),
+                    o.metadata.name.clone().unwrap_or_default(),
+                )
+            };
+            let owner_label = |o: &LiveChild| -> Option<String> {
+                o.metadata.labels.as_ref()?.get(OWNER_LABEL).cloned()
+            };
             futures::pin_mut!(stream);
             while let Some(event) = stream.next().await {
-                let id = |o: &LiveChild| -> ChildId {
-                    (
-                        kind_key.clone(),
-                        o.metadata.namespace.clone().unwrap_or_default(),
-                        o.metadata.name.clone().unwrap_or_default(),
-                    )
-                };
-                let owner_label = |o: &LiveChild| -> Option<String> {
-                    o.metadata.labels.as_ref()?.get(OWNER_LABEL).cloned()
-                };
                 let o = match event {
                     // A relist (after the API server went away, say) shows what changed meanwhile
                     // as InitApply: it wakes the owner as a change would.
@@ -713,7 +739,6 @@ fn dispatch_children(
 /// How long reconciliation waits for every watch's first list before it starts anyway.
 const SYNC_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// How long to wait after the `n`th failure in a row: 1 s doubling to 5 minutes.
 /// Adds to `child` what the host owns on every child of a resource: the controller owner
 /// reference to it, the ownership label (`wasm-operator.dev/owner: <uid>`) and
 /// `app.kubernetes.io/managed-by`. The operator applies children exactly so stamped.
@@ -757,6 +782,7 @@ fn render_input(obj: &DynamicObject) -> Option<u64> {
     Some(h.finish())
 }
 
+/// How long to wait after the `n`th failure in a row: 1 s doubling to 5 minutes.
 pub(crate) fn backoff(n: u32) -> Action {
     let secs = 1u64.checked_shl(n.min(9)).unwrap_or(300).min(300);
     Action::requeue(Duration::from_secs(secs))

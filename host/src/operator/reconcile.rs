@@ -423,26 +423,19 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
         } = p;
         let api: Api<LiveChild> =
             Api::namespaced_with(shared.client.clone(), &namespace, &served.ar);
-        if !*skip {
-            shared.metrics.write(
-                "apply",
-                &format!("{}.{}", served.ar.plural, served.ar.group),
-            );
-        }
         async move {
             if *skip {
-                Ok(None)
-            } else {
-                // The semaphore is never closed; without a permit, the write goes anyway.
-                let _permit = shared.writes.acquire().await.ok();
-                api.patch(
-                    name,
-                    &PatchParams::apply(FIELD_MANAGER).force(),
-                    &Patch::Apply(child),
+                return Ok(None);
+            }
+            let params = PatchParams::apply(FIELD_MANAGER).force();
+            shared
+                .write(
+                    "apply",
+                    &served.ar,
+                    api.patch(name, &params, &Patch::Apply(child)),
                 )
                 .await
                 .map(Some)
-            }
         }
     });
     let batch = shared.applies.begin(
@@ -548,23 +541,25 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
         let Some(Ok(served)) = shared.children.get(&key) else {
             continue;
         };
+        if child_namespace != namespace || desired_names.contains(&format!("{key}/{name}")) {
+            continue;
+        }
         let gone = served
             .store
             .get(&ObjectRef::new_with(&name, served.ar.clone()).within(&child_namespace))
             .is_none_or(|m| m.metadata.deletion_timestamp.is_some());
-        if child_namespace != namespace || desired_names.contains(&format!("{key}/{name}")) || gone
-        {
+        if gone {
             continue;
         }
         let api: Api<LiveChild> =
             Api::namespaced_with(shared.client.clone(), &namespace, &served.ar);
-        shared.metrics.write(
-            "delete",
-            &format!("{}.{}", served.ar.plural, served.ar.group),
-        );
-        let permit = shared.writes.acquire().await.ok();
-        let deleted = api.delete(&name, &DeleteParams::background()).await;
-        drop(permit);
+        let deleted = shared
+            .write(
+                "delete",
+                &served.ar,
+                api.delete(&name, &DeleteParams::background()),
+            )
+            .await;
         match deleted {
             Ok(_) | Err(kube::Error::Api(_)) => {}
             Err(e) => return Err(e.into()),

@@ -102,11 +102,8 @@ impl Cache {
         let compiled = engine
             .precompile_component(wasm)
             .map_err(|e| format!("{e:#}"))?;
-        match write_atomically(&path, &compiled) {
-            Ok(()) => self.evict_unused(),
-            Err(e) => {
-                tracing::warn!(path = %path.display(), "cannot cache the compiled component: {e}");
-            }
+        if let Err(e) = self.write_entry(&path, &compiled) {
+            tracing::warn!(path = %path.display(), "cannot cache the compiled component: {e}");
         }
         // SAFETY: `compiled` was produced just above by `precompile_component` on this engine.
         #[allow(
@@ -153,6 +150,14 @@ impl Cache {
         Some(description)
     }
 
+    /// Writes one entry (see [`write_atomically`]), then removes the entries not used for
+    /// [`MAX_AGE`].
+    fn write_entry(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+        write_atomically(path, bytes)?;
+        self.evict_unused();
+        Ok(())
+    }
+
     /// Removes the entries not used for [`MAX_AGE`]. Failures are skipped: another host may be
     /// doing the same.
     fn evict_unused(&self) {
@@ -185,7 +190,7 @@ impl Cache {
         let path = self.description_path(sha256, ctx);
         let written = serde_json::to_vec(info)
             .map_err(std::io::Error::other)
-            .and_then(|json| write_atomically(&path, &json));
+            .and_then(|json| self.write_entry(&path, &json));
         if let Err(e) = written {
             tracing::warn!(path = %path.display(), "cannot cache the plugin's description: {e}");
         }
