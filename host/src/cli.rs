@@ -320,6 +320,8 @@ fn run(args: &RunArgs) -> Result<ExitCode, Error> {
         identity,
         concurrency: args.concurrency.max(1),
         max_writes_in_flight: args.max_writes_in_flight.max(1),
+        // Past the deadline, the sandbox has stopped the call; the margin covers a starved CPU.
+        render_wait: args.plugins.plugin_timeout * 2 + Duration::from_secs(5),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(usize::from(args.worker_threads.max(1)))
@@ -330,6 +332,9 @@ fn run(args: &RunArgs) -> Result<ExitCode, Error> {
         let client = kube::Client::try_default().await?;
         crate::operator::run(client, registry, settings, shutdown_signal()).await
     });
+    // A render that never returned (the operator stopped waiting for it) must not hold the
+    // process after shutdown.
+    runtime.shutdown_timeout(Duration::from_secs(5));
     match result {
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(e) => {

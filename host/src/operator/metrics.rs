@@ -1,10 +1,11 @@
 //! Metrics (controller-runtime's names, plus the plugins'), and the `/healthz`, `/readyz` and
 //! `/metrics` endpoints.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::State;
@@ -59,6 +60,69 @@ pub struct WriteLabels {
     pub resource: String,
 }
 
+/// `watch` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WatchLabels {
+    /// The watch: a served Kind's controller (`<plural>.<group>`) or a child kind (`group/Kind`).
+    pub watch: String,
+}
+
+/// How long a watch may keep failing before `/readyz` says the operator is not ready.
+pub const WATCH_FAILING: Duration = Duration::from_secs(30);
+/// A failure this long after the previous one starts a new run of failures (the watch's backoff
+/// retries within 30 s, so a quiet watch that failed once is not failing for ever).
+const WATCH_QUIET: Duration = Duration::from_secs(45);
+/// How long one reconciliation may run before `/healthz` reports the reconcile loop stuck.
+pub const RECONCILE_STUCK: Duration = Duration::from_secs(120);
+
+/// When a watch's current run of failures began and when it last failed.
+#[derive(Debug, Clone, Copy)]
+struct Failing {
+    since: Instant,
+    last: Instant,
+}
+
+/// Health that `/readyz` and `/healthz` read: failing watches and reconciliations in flight.
+#[derive(Debug, Default)]
+struct Health {
+    watches: BTreeMap<String, Failing>,
+    running: BTreeMap<u64, Instant>,
+    next: u64,
+}
+
+impl Health {
+    fn watch_failed(&mut self, watch: &str, now: Instant) {
+        let entry = self.watches.entry(watch.to_owned()).or_insert(Failing {
+            since: now,
+            last: now,
+        });
+        if now.duration_since(entry.last) > WATCH_QUIET {
+            entry.since = now;
+        }
+        entry.last = now;
+    }
+
+    /// The watches that have failed for longer than [`WATCH_FAILING`] and are still failing.
+    fn failing_watches(&self, now: Instant) -> Vec<String> {
+        self.watches
+            .iter()
+            .filter(|(_, f)| {
+                now.duration_since(f.last) <= WATCH_QUIET
+                    && now.duration_since(f.since) >= WATCH_FAILING
+            })
+            .map(|(w, _)| w.clone())
+            .collect()
+    }
+
+    /// How long the oldest reconciliation in flight has run.
+    fn longest_running(&self, now: Instant) -> Option<Duration> {
+        self.running
+            .values()
+            .map(|started| now.duration_since(*started))
+            .max()
+    }
+}
+
 /// Every metric the operator exports.
 pub struct Metrics {
     registry: Registry,
@@ -76,7 +140,12 @@ pub struct Metrics {
     pub render_failures: Family<FailureLabels, Counter>,
     /// `wasm_operator_api_writes_total`: every write request the operator sends.
     pub writes: Family<WriteLabels, Counter>,
+    /// `wasm_operator_watch_errors_total`: errors of the watches, by watch.
+    pub watch_errors: Family<WatchLabels, Counter>,
+    /// `wasm_operator_report_errors_total`: status and event writes that failed.
+    pub report_errors: Family<WriteLabels, Counter>,
     ready: AtomicBool,
+    health: Mutex<Health>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -99,6 +168,18 @@ impl Default for Metrics {
         });
         let render_failures = Family::<FailureLabels, Counter>::default();
         let writes = Family::<WriteLabels, Counter>::default();
+        let watch_errors = Family::<WatchLabels, Counter>::default();
+        let report_errors = Family::<WriteLabels, Counter>::default();
+        registry.register(
+            "wasm_operator_watch_errors",
+            "Errors of the watches (each is retried with backoff)",
+            watch_errors.clone(),
+        );
+        registry.register(
+            "wasm_operator_report_errors",
+            "Status and event writes that failed",
+            report_errors.clone(),
+        );
         registry.register(
             "controller_runtime_reconcile",
             "Reconciliations per controller and result",
@@ -143,7 +224,10 @@ impl Default for Metrics {
             render_time,
             render_failures,
             writes,
+            watch_errors,
+            report_errors,
             ready: AtomicBool::new(false),
+            health: Mutex::new(Health::default()),
         }
     }
 }
@@ -157,6 +241,65 @@ impl Metrics {
                 resource: resource.to_owned(),
             })
             .inc();
+    }
+
+    /// Counts an error of `watch` and notes that it is failing.
+    pub fn watch_error(&self, watch: &str) {
+        self.watch_errors
+            .get_or_create(&WatchLabels {
+                watch: watch.to_owned(),
+            })
+            .inc();
+        self.health().watch_failed(watch, Instant::now());
+    }
+
+    /// Notes that `watch` works (it delivered an event).
+    pub fn watch_ok(&self, watch: &str) {
+        let mut health = self.health();
+        if health.watches.contains_key(watch) {
+            health.watches.remove(watch);
+        }
+    }
+
+    /// Marks a reconciliation as running until the returned guard is dropped; `/healthz` fails
+    /// while one has run for longer than [`RECONCILE_STUCK`].
+    pub fn running(self: &Arc<Self>) -> Running {
+        let mut health = self.health();
+        let id = health.next;
+        health.next += 1;
+        health.running.insert(id, Instant::now());
+        Running {
+            metrics: self.clone(),
+            id,
+        }
+    }
+
+    fn health(&self) -> std::sync::MutexGuard<'_, Health> {
+        self.health
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Why the operator is not ready, if it is not.
+    fn not_ready(&self) -> Option<String> {
+        if !self.ready.load(Ordering::Relaxed) {
+            return Some("not ready: not leading, or the watches have not listed yet".into());
+        }
+        let failing = self.health().failing_watches(Instant::now());
+        (!failing.is_empty()).then(|| {
+            format!(
+                "not ready: watches failing for over {WATCH_FAILING:?}: {}",
+                failing.join(", ")
+            )
+        })
+    }
+
+    /// Why the operator is not healthy, if it is not.
+    fn unhealthy(&self) -> Option<String> {
+        let longest = self.health().longest_running(Instant::now())?;
+        (longest > RECONCILE_STUCK).then(|| {
+            format!("unhealthy: a reconciliation has run for {longest:?} (stuck after {RECONCILE_STUCK:?})")
+        })
     }
 
     /// Marks the operator ready (or not) for `/readyz`.
@@ -177,15 +320,30 @@ impl Metrics {
     }
 }
 
-async fn healthz() -> &'static str {
-    "ok"
+/// A reconciliation in flight; see [`Metrics::running`].
+#[derive(Debug)]
+pub struct Running {
+    metrics: Arc<Metrics>,
+    id: u64,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.metrics.health().running.remove(&self.id);
+    }
+}
+
+async fn healthz(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
+    match m.unhealthy() {
+        None => (StatusCode::OK, "ok".to_owned()),
+        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+    }
 }
 
 async fn readyz(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
-    if m.ready.load(Ordering::Relaxed) {
-        (StatusCode::OK, "ok")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+    match m.not_ready() {
+        None => (StatusCode::OK, "ok".to_owned()),
+        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
     }
 }
 
@@ -221,4 +379,43 @@ pub async fn serve(
         }
     });
     Ok(bound)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_watch_is_failing_after_a_run_of_errors_not_after_one() {
+        let mut h = Health::default();
+        let t0 = Instant::now();
+        h.watch_failed("w", t0);
+        assert!(h.failing_watches(t0 + Duration::from_secs(10)).is_empty());
+        // One error long ago, then quiet: not failing.
+        assert!(h.failing_watches(t0 + Duration::from_secs(100)).is_empty());
+        // Errors every 20 s for 40 s: failing.
+        h.watch_failed("w", t0 + Duration::from_secs(20));
+        h.watch_failed("w", t0 + Duration::from_secs(40));
+        assert_eq!(
+            h.failing_watches(t0 + Duration::from_secs(41)),
+            vec!["w".to_owned()]
+        );
+        // A failure after a quiet spell starts a new run.
+        h.watch_failed("w", t0 + Duration::from_secs(200));
+        assert!(h.failing_watches(t0 + Duration::from_secs(201)).is_empty());
+    }
+
+    #[test]
+    fn a_long_reconciliation_makes_the_operator_unhealthy_until_it_ends() {
+        let m = Arc::new(Metrics::default());
+        assert_eq!(m.unhealthy(), None);
+        let running = m.running();
+        m.health().running.insert(
+            running.id,
+            Instant::now() - RECONCILE_STUCK - Duration::from_secs(1),
+        );
+        assert!(m.unhealthy().is_some_and(|w| w.contains("stuck")));
+        drop(running);
+        assert_eq!(m.unhealthy(), None);
+    }
 }

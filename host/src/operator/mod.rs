@@ -9,13 +9,14 @@
 //! (`Ready`, `Reconciling`, `Stalled`, `observedGeneration`); nothing is written when nothing
 //! changed.
 
+mod children;
 mod live;
 pub mod metrics;
 mod reconcile;
 mod report;
 mod status;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -28,10 +29,11 @@ use kube::core::GroupVersionKind;
 use kube::discovery::{ApiCapabilities, ApiResource, Scope, pinned_kind};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{self, Store};
 use kube::runtime::{PredicateConfig, WatchStreamExt, watcher};
 use tokio::sync::watch;
 
+use children::{Applies, OwnerIndex, Waiting};
 pub use live::LiveChild;
 pub use metrics::Metrics;
 
@@ -89,12 +91,15 @@ pub struct Settings {
     pub concurrency: u16,
     /// Applies and deletes in flight at once, across every Kind.
     pub max_writes_in_flight: u16,
+    /// How long a reconciliation waits for a render: the plugin deadline and a margin. The
+    /// sandbox stops a call at its deadline; this bounds the wait should one still not return.
+    pub render_wait: Duration,
 }
 
-/// A child kind that the cluster serves and that is watched.
-pub(crate) struct ChildKind {
+/// A child kind (`group/Kind`) that the cluster serves: the version watched, and its objects.
+pub(crate) struct Watched {
     pub ar: ApiResource,
-    /// The live children of this kind, as much of them as reconciliation reads.
+    /// Every object of this kind, as much of it as reconciliation reads (see `children`).
     pub store: Store<LiveChild>,
 }
 
@@ -104,20 +109,33 @@ pub(crate) struct Shared {
     pub registry: Arc<Registry>,
     pub reports: report::Reports,
     pub metrics: Arc<Metrics>,
-    /// Child kinds by `group/version/Kind`: `Ok` watched, `Err` why not (not installed, ...).
-    pub children: BTreeMap<String, Result<ChildKind, String>>,
+    /// Where each declared child kind is applied, by `group/version/Kind`: `Err` says why it
+    /// cannot be (its CRD is not installed, it is cluster-scoped, ...).
+    pub targets: BTreeMap<String, Result<ApiResource, String>>,
+    /// The watch of each child kind the cluster serves, by `group/Kind` ([`children::kind_key`]).
+    pub watched: BTreeMap<String, Watched>,
     /// What each child looked like after our last apply, to skip writes when nothing changed.
     pub applied: Mutex<BTreeMap<String, reconcile::Applied>>,
     /// Children being applied right now.
     pub applies: Arc<Applies>,
-    /// Which children (by kind key, namespace and name) carry each owner's ownership label.
+    /// Which children each resource controls (by its uid).
     pub owned: Mutex<OwnerIndex>,
+    /// Resources waiting on an object they may not take.
+    pub waiting: Mutex<Waiting>,
     /// Failures in a row per resource, for backoff.
     pub failures: Mutex<BTreeMap<String, u32>>,
     /// One permit per apply or delete in flight (`Settings::max_writes_in_flight`).
     pub writes: tokio::sync::Semaphore,
     /// Whether every watch (served Kinds and child kinds) has listed what it watches.
     pub synced: tokio::sync::watch::Sender<bool>,
+    /// See [`Settings::render_wait`].
+    pub render_wait: Duration,
+}
+
+/// Locks `m`; a lock whose holder panicked is still used (every value kept under these locks is
+/// whole between statements), so no work is silently skipped.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Shared {
@@ -137,145 +155,10 @@ impl Shared {
     }
 }
 
-/// The key of a child in `Shared::applied` and [`Applies`]: its owner's uid, kind key
-/// (`group/version/Kind`) and name.
-pub(crate) fn applied_key(owner_uid: &str, kind_key: &str, name: &str) -> String {
-    format!("{owner_uid}/{kind_key}/{name}")
-}
-
-/// The children being applied right now (keys from [`applied_key`]), each with the
-/// resourceVersions the watch showed of it meanwhile: the apply's own echo among them is no
-/// news, anything else is. Reports give way while it is not empty.
-#[derive(Default)]
-pub(crate) struct Applies {
-    children: Mutex<BTreeMap<String, Vec<String>>>,
-    /// Woken when the last apply in flight ends.
-    pub done: tokio::sync::Notify,
-}
-
-/// Applies begun together; see [`Applies::begin`].
-pub(crate) struct Batch<'a> {
-    applies: &'a Applies,
-    keys: Vec<String>,
-}
-
-impl Applies {
-    /// Marks `keys` as being applied until the batch is finished or dropped.
-    pub(crate) fn begin(&self, keys: Vec<String>) -> Batch<'_> {
-        if let Ok(mut children) = self.children.lock() {
-            for key in &keys {
-                children.insert(key.clone(), Vec::new());
-            }
-        }
-        Batch {
-            applies: self,
-            keys,
-        }
-    }
-
-    /// Records that the watch showed `key` at `resource_version`; false when `key` is not
-    /// being applied.
-    pub(crate) fn saw(&self, key: &str, resource_version: Option<&str>) -> bool {
-        let Ok(mut children) = self.children.lock() else {
-            return false;
-        };
-        let Some(seen) = children.get_mut(key) else {
-            return false;
-        };
-        seen.extend(resource_version.map(str::to_owned));
-        true
-    }
-
-    pub(crate) fn is_empty(&self) -> bool {
-        self.children.lock().map_or(true, |c| c.is_empty())
-    }
-
-    fn end(&self, keys: &[String]) -> BTreeMap<String, Vec<String>> {
-        let Ok(mut children) = self.children.lock() else {
-            return BTreeMap::new();
-        };
-        let ended = keys
-            .iter()
-            .filter_map(|k| children.remove_entry(k))
-            .collect();
-        if children.is_empty() {
-            self.done.notify_waiters();
-        }
-        ended
-    }
-}
-
-impl Batch<'_> {
-    /// Ends the batch: what the watch showed of each child while it was applied.
-    pub(crate) fn finish(mut self) -> BTreeMap<String, Vec<String>> {
-        let keys = std::mem::take(&mut self.keys);
-        self.applies.end(&keys)
-    }
-}
-
-impl Drop for Batch<'_> {
-    fn drop(&mut self) {
-        if !self.keys.is_empty() {
-            self.applies.end(&self.keys);
-        }
-    }
-}
-
-/// The children the watches show, by the owner uid in their ownership label, so that a
-/// reconciliation finds its own without scanning every child.
-#[derive(Debug, Default)]
-pub(crate) struct OwnerIndex {
-    by_owner: BTreeMap<String, BTreeSet<ChildId>>,
-    owner_of: BTreeMap<ChildId, String>,
-}
-
-/// A child: its kind key (`group/version/Kind`), namespace and name.
-type ChildId = (String, String, String);
-
-impl OwnerIndex {
-    /// Records that `child` carries the ownership label `owner` (or none).
-    fn set(&mut self, child: ChildId, owner: Option<&str>) {
-        self.remove(&child);
-        if let Some(owner) = owner {
-            self.by_owner
-                .entry(owner.to_owned())
-                .or_default()
-                .insert(child.clone());
-            self.owner_of.insert(child, owner.to_owned());
-        }
-    }
-
-    fn remove(&mut self, child: &ChildId) {
-        if let Some(owner) = self.owner_of.remove(child)
-            && let Some(set) = self.by_owner.get_mut(&owner)
-        {
-            set.remove(child);
-            if set.is_empty() {
-                self.by_owner.remove(&owner);
-            }
-        }
-    }
-
-    /// Forgets every child of one kind (before a relist of it).
-    fn clear_kind(&mut self, kind_key: &str) {
-        let gone: Vec<ChildId> = self
-            .owner_of
-            .keys()
-            .filter(|(k, _, _)| k == kind_key)
-            .cloned()
-            .collect();
-        for child in &gone {
-            self.remove(child);
-        }
-    }
-
-    /// The children that carry `owner`'s ownership label.
-    pub(crate) fn owned_by(&self, owner: &str) -> Vec<ChildId> {
-        self.by_owner
-            .get(owner)
-            .map(|s| s.iter().cloned().collect())
-            .unwrap_or_default()
-    }
+/// A declared child kind's key: `group/version/Kind`.
+fn gvk_key(api_version: &str, kind: &str) -> String {
+    let (g, v) = split_api_version(api_version);
+    format!("{g}/{v}/{kind}")
 }
 
 /// The context of one Kind's controller.
@@ -283,11 +166,6 @@ pub(crate) struct KindCtx {
     pub shared: Arc<Shared>,
     pub ar: ApiResource,
     pub controller: String,
-}
-
-fn gvk_key(api_version: &str, kind: &str) -> String {
-    let (g, v) = split_api_version(api_version);
-    format!("{g}/{v}/{kind}")
 }
 
 /// Runs the operator until `shutdown` resolves (SIGTERM in the binary), then finishes the
@@ -389,7 +267,7 @@ pub async fn run(
     let mut controllers = Vec::new();
     // Reconciliation starts, and the operator is ready, once every watch has listed what it
     // watches (into its store): the operator then sees the cluster.
-    let (owners, mut listed) = dispatch_children(&shared, writers, &settings);
+    let (owners, mut listed) = children::watch_children(&shared, writers, &settings);
     let kinds: Vec<_> = shared.registry.kinds().collect();
     let discovered = discover(
         &client,
@@ -417,12 +295,8 @@ pub async fn run(
             ar: ar.clone(),
             controller: controller.clone(),
         });
-        let rx = owners.lock().map(|mut o| {
-            let (tx, rx) = mpsc::unbounded();
-            o.insert(format!("{}/{}", ar.api_version, ar.kind), (ar.clone(), tx));
-            rx
-        });
-        let Ok(rx) = rx else { continue };
+        let (tx, rx) = mpsc::unbounded();
+        lock(&owners).insert(format!("{}/{}", ar.api_version, ar.kind), (ar.clone(), tx));
         let mut stop = trigger_tx.subscribe();
         // A resource is rendered again when what its render reads changes (spec, labels,
         // annotations), not when only its status does: most of its updates are our own status
@@ -431,14 +305,17 @@ pub async fn run(
         let reader = writer.as_reader();
         let (first_list, done) = FirstList::new();
         listed.push((controller.clone(), done));
+        let health = (shared.metrics.clone(), controller.clone());
         let trigger = reflector::reflector(
             writer,
             watcher(api, watcher::Config::default().any_semantic()),
         )
         .inspect(first_list.observer())
+        .inspect(move |event| watch_health(&health.0, &health.1, event))
         .default_backoff()
         .applied_objects()
         .predicate_filter(render_input, PredicateConfig::default());
+        let name = controller.clone();
         let run = Controller::for_stream_with(trigger, reader, ar.clone())
             .with_config(
                 kube::runtime::controller::Config::default().concurrency(settings.concurrency),
@@ -448,7 +325,16 @@ pub async fn run(
                 let _ = stop.recv().await;
             })
             .run(reconcile::reconcile, reconcile::error_policy, ctx)
-            .for_each(|_| futures::future::ready(()));
+            .for_each(move |result| {
+                // A reconciler's failure was logged and counted by `reconcile`; anything else
+                // (a queue or store error) would otherwise go unseen.
+                if let Err(e) = result
+                    && !matches!(e, kube::runtime::controller::Error::ReconcilerFailed(..))
+                {
+                    tracing::warn!(controller = %name, "controller: {e}");
+                }
+                futures::future::ready(())
+            });
         tracing::info!(%controller, plugin = %plugin.name(), "controller started");
         controllers.push(tokio::spawn(run));
     }
@@ -500,7 +386,7 @@ async fn setup(
     registry: Registry,
     metrics: Arc<Metrics>,
     settings: &Settings,
-) -> Result<(Shared, Vec<Writer>), Error> {
+) -> Result<(Shared, Vec<children::Writer>), Error> {
     // Every child kind once (by `group/version/Kind`), all discovered at once.
     let mut wanted = BTreeMap::new();
     for plugin in registry.plugins() {
@@ -522,7 +408,8 @@ async fn setup(
             .map(|(_, child)| GroupVersionKind::gvk(&child.group, &child.version, &child.kind)),
     )
     .await;
-    let mut children = BTreeMap::new();
+    let mut targets = BTreeMap::new();
+    let mut watched = BTreeMap::new();
     let mut writers = Vec::new();
     for ((key, (api_version, child)), found) in wanted.into_iter().zip(discovered) {
         let entry = match found {
@@ -530,10 +417,18 @@ async fn setup(
                 Err(format!("{} is cluster-scoped", child.kind))
             }
             Ok((ar, _)) => {
-                let writer = reflector::store::Writer::<LiveChild>::new(ar.clone());
-                let store = writer.as_reader();
-                writers.push((ar.clone(), writer));
-                Ok(ChildKind { ar, store })
+                // One watch per `group/Kind`, on the first version the cluster serves.
+                let kind = children::kind_key(&api_version, &child.kind);
+                if let std::collections::btree_map::Entry::Vacant(slot) = watched.entry(kind) {
+                    let writer = reflector::store::Writer::<LiveChild>::new(ar.clone());
+                    let store = writer.as_reader();
+                    writers.push((slot.key().clone(), ar.clone(), writer));
+                    slot.insert(Watched {
+                        ar: ar.clone(),
+                        store,
+                    });
+                }
+                Ok(ar)
             }
             Err(kube::Error::Api(s)) if s.code == 404 => Err(format!(
                 "the API server does not serve {api_version} {} (is its CRD installed?)",
@@ -547,7 +442,7 @@ async fn setup(
         if let Err(why) = &entry {
             tracing::warn!(kind = %child.kind, "children of this kind will be skipped: {why}");
         }
-        children.insert(key, entry);
+        targets.insert(key, entry);
     }
     let reporter = Reporter {
         controller: FIELD_MANAGER.to_owned(),
@@ -564,12 +459,15 @@ async fn setup(
         client,
         registry: Arc::new(registry),
         metrics,
-        children,
+        targets,
+        watched,
         applied: Mutex::new(BTreeMap::new()),
         owned: Mutex::new(OwnerIndex::default()),
+        waiting: Mutex::new(Waiting::default()),
         failures: Mutex::new(BTreeMap::new()),
         writes: tokio::sync::Semaphore::new(usize::from(settings.max_writes_in_flight)),
         synced: tokio::sync::watch::Sender::new(false),
+        render_wait: settings.render_wait,
     };
     Ok((shared, writers))
 }
@@ -582,27 +480,21 @@ async fn discover(
     futures::future::join_all(gvks.map(|gvk| async move { pinned_kind(client, &gvk).await })).await
 }
 
-type Writer = (ApiResource, reflector::store::Writer<LiveChild>);
-
-/// Each served Kind's controller by `apiVersion/Kind`: its discovered resource and its trigger.
-type Owners =
-    Arc<Mutex<BTreeMap<String, (ApiResource, mpsc::UnboundedSender<ObjectRef<DynamicObject>>)>>>;
-
 /// Says when a watch's first list has reached its store. (`Store::wait_until_ready` wakes only
 /// the last of several waiters, and the controller already waits on its own store.)
-struct FirstList(tokio::sync::watch::Sender<bool>);
+pub(crate) struct FirstList(tokio::sync::watch::Sender<bool>);
 
 /// Turns true once the watch's first list is in its store.
-type FirstListDone = tokio::sync::watch::Receiver<bool>;
+pub(crate) type FirstListDone = tokio::sync::watch::Receiver<bool>;
 
 impl FirstList {
-    fn new() -> (Self, FirstListDone) {
+    pub(crate) fn new() -> (Self, FirstListDone) {
         let (tx, rx) = tokio::sync::watch::channel(false);
         (Self(tx), rx)
     }
 
     /// For `inspect` after the reflector, which has applied each event to the store by then.
-    fn observer<K>(self) -> impl FnMut(&Result<watcher::Event<K>, watcher::Error>) {
+    pub(crate) fn observer<K>(self) -> impl FnMut(&Result<watcher::Event<K>, watcher::Error>) {
         move |event| {
             if let Ok(watcher::Event::InitDone) = event {
                 self.0.send_replace(true);
@@ -611,129 +503,20 @@ impl FirstList {
     }
 }
 
-/// Watches every served child kind (by the ownership label), keeps the caches
-/// the reconciler prunes from, and sends each change to the controller of the child's owner.
-fn dispatch_children(
-    shared: &Arc<Shared>,
-    writers: Vec<Writer>,
-    settings: &Settings,
-) -> (Owners, Vec<(String, FirstListDone)>) {
-    let owners: Owners = Arc::new(Mutex::new(BTreeMap::new()));
-    let mut listed = Vec::new();
-    for (child_ar, writer) in writers {
-        let api: Api<LiveChild> = match &settings.namespace {
-            Some(ns) => Api::namespaced_with(shared.client.clone(), ns, &child_ar),
-            None => Api::all_with(shared.client.clone(), &child_ar),
-        };
-        let config = watcher::Config::default()
-            .labels(OWNER_LABEL)
-            .any_semantic();
-        // Children can be large: they are read as `LiveChild`, only what reconciliation reads.
-        let kind_key = gvk_key(&child_ar.api_version, &child_ar.kind);
-        let (first_list, done) = FirstList::new();
-        listed.push((kind_key.clone(), done));
-        let stream = reflector::reflector(writer, watcher(api, config))
-            .inspect(first_list.observer())
-            .default_backoff();
-        let owners = owners.clone();
-        let shared = shared.clone();
-        tokio::spawn(async move {
-            let id = |o: &LiveChild| -> ChildId {
-                (
-                    kind_key.clone(),
-                    o.metadata.namespace.clone().unwrap_or_default(),
-                    o.metadata.name.clone().unwrap_or_default(),
-                )
-            };
-            let owner_label = |o: &LiveChild| -> Option<String> {
-                o.metadata.labels.as_ref()?.get(OWNER_LABEL).cloned()
-            };
-            futures::pin_mut!(stream);
-            while let Some(event) = stream.next().await {
-                let o = match event {
-                    // A relist (after the API server went away, say) shows what changed meanwhile
-                    // as InitApply: it wakes the owner as a change would.
-                    Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
-                        let owner = owner_label(&o);
-                        if let Ok(mut index) = shared.owned.lock() {
-                            index.set(id(&o), owner.as_deref());
-                        }
-                        let key = applied_key(
-                            owner.as_deref().unwrap_or_default(),
-                            &kind_key,
-                            o.metadata.name.as_deref().unwrap_or_default(),
-                        );
-                        // While we apply it, the reconciliation applying it decides (see
-                        // `reconcile_inner`); the watch may show the result before the apply
-                        // returns.
-                        if shared
-                            .applies
-                            .saw(&key, o.metadata.resource_version.as_deref())
-                        {
-                            continue;
-                        }
-                        // Our own apply coming back through the watch: nothing to do.
-                        let echo = shared
-                            .applied
-                            .lock()
-                            .is_ok_and(|a| a.get(&key).is_some_and(|r| r.is_echo(&o)));
-                        if echo {
-                            continue;
-                        }
-                        o
-                    }
-                    Ok(watcher::Event::Delete(o)) => {
-                        if let Ok(mut index) = shared.owned.lock() {
-                            index.remove(&id(&o));
-                        }
-                        // Gone: the next reconciliation of its owner must apply it again.
-                        if let Ok(mut applied) = shared.applied.lock() {
-                            for owner in o.metadata.owner_references.iter().flatten() {
-                                applied.remove(&applied_key(
-                                    &owner.uid,
-                                    &kind_key,
-                                    o.metadata.name.as_deref().unwrap_or_default(),
-                                ));
-                            }
-                        }
-                        o
-                    }
-                    Ok(watcher::Event::Init) => {
-                        // A relist: deletions while the watch was down are not seen as such,
-                        // so forget every apply of this kind.
-                        let infix = format!("/{kind_key}/");
-                        if let Ok(mut applied) = shared.applied.lock() {
-                            applied.retain(|k, _| !k.contains(&infix));
-                        }
-                        if let Ok(mut index) = shared.owned.lock() {
-                            index.clear_kind(&kind_key);
-                        }
-                        continue;
-                    }
-                    Ok(_) => continue,
-                    Err(e) => {
-                        tracing::debug!("child watch: {e}");
-                        continue;
-                    }
-                };
-                let owner_refs = o.metadata.owner_references.iter().flatten();
-                for owner in owner_refs.filter(|r| r.controller == Some(true)) {
-                    // Only owners of a Kind we serve have a controller to wake.
-                    let key = format!("{}/{}", owner.api_version, owner.kind);
-                    if let Ok(map) = owners.lock()
-                        && let Some((ar, tx)) = map.get(&key)
-                    {
-                        let mut r = ObjectRef::new_with(&owner.name, ar.clone());
-                        if let Some(ns) = &o.metadata.namespace {
-                            r = r.within(ns);
-                        }
-                        let _ = tx.unbounded_send(r);
-                    }
-                }
-            }
-        });
+/// Counts and logs a watch's errors (the watch retries them with backoff), and notes when it
+/// works again, for `/readyz`.
+pub(crate) fn watch_health<K>(
+    metrics: &Metrics,
+    watch: &str,
+    event: &Result<watcher::Event<K>, watcher::Error>,
+) {
+    match event {
+        Ok(_) => metrics.watch_ok(watch),
+        Err(e) => {
+            metrics.watch_error(watch);
+            tracing::warn!(%watch, "watch failed (retrying with backoff): {e}");
+        }
     }
-    (owners, listed)
 }
 
 /// How long reconciliation waits for every watch's first list before it starts anyway.
@@ -786,35 +569,4 @@ fn render_input(obj: &DynamicObject) -> Option<u64> {
 pub(crate) fn backoff(n: u32) -> Action {
     let secs = 1u64.checked_shl(n.min(9)).unwrap_or(300).min(300);
     Action::requeue(Duration::from_secs(secs))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn child(kind: &str, name: &str) -> ChildId {
-        (format!("apps/v1/{kind}"), "ns".into(), name.into())
-    }
-
-    #[test]
-    fn the_owner_index_follows_labels_deletions_and_relists() {
-        let mut index = OwnerIndex::default();
-        index.set(child("Deployment", "web"), Some("uid-1"));
-        index.set(child("Service", "web"), Some("uid-1"));
-        index.set(child("Deployment", "db"), Some("uid-2"));
-        index.set(child("Deployment", "stray"), None);
-        assert_eq!(
-            index.owned_by("uid-1"),
-            vec![child("Deployment", "web"), child("Service", "web")]
-        );
-        // A label moved to another owner moves the child.
-        index.set(child("Deployment", "web"), Some("uid-2"));
-        assert_eq!(index.owned_by("uid-1"), vec![child("Service", "web")]);
-        index.remove(&child("Service", "web"));
-        assert!(index.owned_by("uid-1").is_empty());
-        // A relist of one kind forgets that kind only.
-        index.set(child("Service", "db"), Some("uid-2"));
-        index.clear_kind("apps/v1/Deployment");
-        assert_eq!(index.owned_by("uid-2"), vec![child("Service", "db")]);
-    }
 }

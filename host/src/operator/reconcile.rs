@@ -1,25 +1,44 @@
-//! One reconciliation: render, check, apply, prune, report.
+//! One reconciliation, in phases: render, plan, apply, prune, report.
+//!
+//! - [`render`] runs the plugin in its sandbox, off the async threads, and never waits past the
+//!   plugin's deadline (plus a margin).
+//! - [`plan`] decides, per rendered child, whether to create it, update it or leave it as it
+//!   is, and refuses to touch an object this resource does not control (a `ChildConflict`). It
+//!   only reads the caches, so it is unit-tested on its own.
+//! - [`apply`] server-side applies what the plan says; an update carries the uid of the object
+//!   the plan saw as ours, so the API server itself refuses it if that object was replaced.
+//! - [`prune`] deletes the children this resource controls that the render no longer returns,
+//!   each delete preconditioned on the child's uid.
+//! - [`report`] turns all of it into status, events and what to do next.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
+use kube::discovery::ApiResource;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 
+use super::children::{ChildId, applied_key, controller_uid, kind_key};
 use super::metrics::{ControllerLabels, FailureLabels, Metrics, PluginLabels, ResultLabels};
 use super::report::{self, Key};
-use super::status::{self, Child, Outcome, Skipped};
-use super::{FIELD_MANAGER, KindCtx, LiveChild, backoff, gvk_key};
+use super::status::{self, Child, Outcome, Problem, Skipped};
+use super::{FIELD_MANAGER, KindCtx, LiveChild, Shared, backoff, gvk_key, lock};
+use crate::error::PluginError;
+use crate::registry::RenderError;
 use crate::types::Resource as PluginResource;
 
 /// How often a resource is rendered again with no event (a resync).
 const RESYNC: Duration = Duration::from_secs(600);
+/// The annotation on a resource that lets it adopt objects of its children's names that no
+/// controller owns (made by hand, or left by an earlier operator). Objects another controller
+/// owns are never taken.
+pub const ADOPT_ANNOTATION: &str = "wasm-operator.dev/adopt";
 
 /// What a child looked like after our last apply of it.
 #[derive(Debug, Clone)]
@@ -36,15 +55,21 @@ impl Applied {
     }
 }
 
-/// Why a reconciliation failed (it is retried with backoff).
+/// Why a reconciliation failed; it is retried with backoff (see [`error_policy`]).
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ReconcileError {
     /// A call to the API server failed.
-    #[error("{0}")]
+    #[error(transparent)]
     Kube(#[from] kube::Error),
     /// The render task died.
     #[error("render task: {0}")]
-    Join(String),
+    Join(#[from] tokio::task::JoinError),
+    /// The render failed for a reason that is not the plugin's (reported in status).
+    #[error("{0}")]
+    Render(RenderError),
+    /// Children could not be pruned or applied for now (reported in status).
+    #[error("{0}")]
+    Retry(String),
 }
 
 /// Runs one reconciliation with metrics around it.
@@ -56,34 +81,25 @@ pub(crate) async fn reconcile(
     // skipping of unchanged children read the child caches, which must be complete.
     let mut synced = ctx.shared.synced.subscribe();
     let _ = synced.wait_for(|s| *s).await;
-    let labels = ControllerLabels {
-        controller: ctx.controller.clone(),
-    };
     let metrics = &ctx.shared.metrics;
-    metrics.active_workers.get_or_create(&labels).inc();
-    let started = Instant::now();
-    let result = reconcile_inner(&obj, &ctx).await;
-    Metrics::observe(
-        &metrics.reconcile_time.get_or_create(&labels),
-        started.elapsed(),
-    );
-    metrics.active_workers.get_or_create(&labels).dec();
-    let key = format!(
-        "{}/{}/{}",
-        ctx.controller,
-        obj.namespace().unwrap_or_default(),
-        obj.name_any()
-    );
+    let result = {
+        let _measure = Measure::start(metrics, &ctx.controller);
+        reconcile_inner(&obj, &ctx).await
+    };
+    let key = resource_key(&ctx, &obj);
     let outcome = match &result {
         Ok(_) => {
-            if let Ok(mut f) = ctx.shared.failures.lock() {
-                f.remove(&key);
-            }
+            lock(&ctx.shared.failures).remove(&key);
             "success"
         }
         Err(e) => {
             tracing::warn!(controller = %ctx.controller, resource = %key, "reconcile failed: {e}");
-            metrics.reconcile_errors.get_or_create(&labels).inc();
+            metrics
+                .reconcile_errors
+                .get_or_create(&ControllerLabels {
+                    controller: ctx.controller.clone(),
+                })
+                .inc();
             "error"
         }
     };
@@ -97,83 +113,450 @@ pub(crate) async fn reconcile(
     result
 }
 
+/// Times a reconciliation and counts it as active until dropped, so that no early return can
+/// leave the gauge up; `/healthz` also sees it as running.
+struct Measure<'a> {
+    metrics: &'a Arc<Metrics>,
+    labels: ControllerLabels,
+    started: Instant,
+    _running: super::metrics::Running,
+}
+
+impl<'a> Measure<'a> {
+    fn start(metrics: &'a Arc<Metrics>, controller: &str) -> Self {
+        let labels = ControllerLabels {
+            controller: controller.to_owned(),
+        };
+        metrics.active_workers.get_or_create(&labels).inc();
+        Self {
+            metrics,
+            labels,
+            started: Instant::now(),
+            _running: metrics.running(),
+        }
+    }
+}
+
+impl Drop for Measure<'_> {
+    fn drop(&mut self) {
+        Metrics::observe(
+            &self.metrics.reconcile_time.get_or_create(&self.labels),
+            self.started.elapsed(),
+        );
+        self.metrics
+            .active_workers
+            .get_or_create(&self.labels)
+            .dec();
+    }
+}
+
+fn resource_key(ctx: &KindCtx, obj: &DynamicObject) -> String {
+    format!(
+        "{}/{}/{}",
+        ctx.controller,
+        obj.namespace().unwrap_or_default(),
+        obj.name_any()
+    )
+}
+
 /// Retries a failed reconciliation: 1 s, doubling to 5 minutes, per resource.
 pub(crate) fn error_policy(
     obj: Arc<DynamicObject>,
     _e: &ReconcileError,
     ctx: Arc<KindCtx>,
 ) -> Action {
-    let key = format!(
-        "{}/{}/{}",
-        ctx.controller,
-        obj.namespace().unwrap_or_default(),
-        obj.name_any()
-    );
-    let n = ctx.shared.failures.lock().map_or(0, |mut f| {
-        let n = f.entry(key).or_insert(0);
-        *n += 1;
-        *n
-    });
-    backoff(n)
+    let mut failures = lock(&ctx.shared.failures);
+    let n = failures.entry(resource_key(&ctx, &obj)).or_insert(0);
+    *n += 1;
+    backoff(*n)
 }
 
-fn plugin_resource(obj: &DynamicObject, ctx: &KindCtx) -> PluginResource {
-    let meta = &obj.metadata;
-    let map = |m: &Option<BTreeMap<String, String>>| m.clone().unwrap_or_default();
-    PluginResource {
-        api_version: ctx.ar.api_version.clone(),
-        kind: ctx.ar.kind.clone(),
-        name: obj.name_any(),
-        namespace: obj.namespace().unwrap_or_default(),
-        uid: meta.uid.clone().unwrap_or_default(),
-        generation: meta.generation.unwrap_or(0),
-        labels: map(&meta.labels),
-        annotations: map(&meta.annotations),
-        spec: obj
-            .data
-            .get("spec")
-            .filter(|s| s.is_object())
-            .cloned()
-            .unwrap_or_else(|| json!({})),
+async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, ReconcileError> {
+    if obj.metadata.deletion_timestamp.is_some() {
+        // The garbage collector removes the children through their owner references.
+        return Ok(Action::await_change());
     }
+    let owner = Owner::of(obj, ctx);
+    let objects = match render(&owner, ctx).await? {
+        Ok(objects) => objects,
+        Err(e) => return report_render_failure(obj, ctx, &owner, e),
+    };
+    let plan = plan(objects, &owner, ctx.shared.as_ref());
+    for conflict in &plan.conflicts {
+        lock(&ctx.shared.waiting).wait(conflict.id.clone(), owner.id());
+    }
+    let applied = apply(&plan, &owner, &ctx.shared).await?;
+    let pruned = prune(&owner, ctx, &plan.desired).await;
+    report(obj, ctx, &owner, plan, applied, pruned)
+}
+
+/// The resource being reconciled, as the phases need it.
+pub(crate) struct Owner {
+    /// What the plugin renders.
+    pub resource: PluginResource,
+    /// Its controller's `apiVersion/Kind` (the key its controller is woken by).
+    pub controller_kind: String,
+    /// Whether it may adopt objects nobody controls ([`ADOPT_ANNOTATION`]).
+    pub adopt: bool,
+}
+
+impl Owner {
+    fn of(obj: &DynamicObject, ctx: &KindCtx) -> Self {
+        let meta = &obj.metadata;
+        let map = |m: &Option<BTreeMap<String, String>>| m.clone().unwrap_or_default();
+        let resource = PluginResource {
+            api_version: ctx.ar.api_version.clone(),
+            kind: ctx.ar.kind.clone(),
+            name: obj.name_any(),
+            namespace: obj.namespace().unwrap_or_default(),
+            uid: meta.uid.clone().unwrap_or_default(),
+            generation: meta.generation.unwrap_or(0),
+            labels: map(&meta.labels),
+            annotations: map(&meta.annotations),
+            spec: obj
+                .data
+                .get("spec")
+                .filter(|s| s.is_object())
+                .cloned()
+                .unwrap_or_else(|| json!({})),
+        };
+        let adopt = resource
+            .annotations
+            .get(ADOPT_ANNOTATION)
+            .is_some_and(|v| v == "true");
+        Self {
+            controller_kind: format!("{}/{}", ctx.ar.api_version, ctx.ar.kind),
+            resource,
+            adopt,
+        }
+    }
+
+    fn id(&self) -> super::children::OwnerId {
+        (
+            self.controller_kind.clone(),
+            self.resource.namespace.clone(),
+            self.resource.name.clone(),
+        )
+    }
+
+    /// How this resource is named in messages: `Kind name`.
+    fn display(&self) -> String {
+        format!("{} {}", self.resource.kind, self.resource.name)
+    }
+}
+
+// --- render -------------------------------------------------------------------------------------
+
+/// Renders the resource in a blocking task (the sandbox is synchronous and CPU-bound). The
+/// sandbox stops a call at its deadline; should a call still not return, the reconciliation does
+/// not wait for it past `Settings::render_wait` and reports a deadline missed, which is retried.
+async fn render(
+    owner: &Owner,
+    ctx: &KindCtx,
+) -> Result<Result<Vec<Value>, RenderError>, ReconcileError> {
+    let shared = &ctx.shared;
+    let plugin = shared
+        .registry
+        .lookup(&owner.resource.api_version, &owner.resource.kind)
+        .map(|(p, _)| p.name().to_owned())
+        .unwrap_or_default();
+    let registry = shared.registry.clone();
+    let resource = owner.resource.clone();
+    let started = Instant::now();
+    let task = tokio::task::spawn_blocking(move || registry.render(&resource));
+    let rendered = match tokio::time::timeout(shared.render_wait, task).await {
+        Ok(joined) => joined?,
+        Err(_) => Err(RenderError::Plugin {
+            plugin: plugin.clone(),
+            error: PluginError::Deadline(shared.render_wait),
+        }),
+    };
+    Metrics::observe(
+        &shared
+            .metrics
+            .render_time
+            .get_or_create(&PluginLabels { plugin }),
+        started.elapsed(),
+    );
+    Ok(rendered)
+}
+
+/// Reports a render that failed. One that may succeed when tried again (the plugin ran out of
+/// time, the instance pool was full) is retried with backoff; one that fails the same way every
+/// time (a render error, a trap, output over a cap) waits for the resource to change.
+fn report_render_failure(
+    obj: &DynamicObject,
+    ctx: &KindCtx,
+    owner: &Owner,
+    e: RenderError,
+) -> Result<Action, ReconcileError> {
+    let plugin = ctx
+        .shared
+        .registry
+        .lookup(&owner.resource.api_version, &owner.resource.kind)
+        .map(|(p, _)| p.name().to_owned())
+        .unwrap_or_default();
+    ctx.shared
+        .metrics
+        .render_failures
+        .get_or_create(&FailureLabels {
+            plugin,
+            reason: e.reason().to_owned(),
+        })
+        .inc();
+    let retrying = transient(&e);
+    let suffix = if retrying {
+        "will retry"
+    } else {
+        "not retried until the resource or its plugin changes"
+    };
+    let outcome = Outcome {
+        problems: vec![Problem {
+            reason: e.reason().to_owned(),
+            message: format!("{e} ({suffix})"),
+            retrying,
+        }],
+        ..Outcome::default()
+    };
+    if write_status(obj, ctx, owner, &outcome) {
+        publish(ctx, obj, EventType::Warning, e.reason(), e.to_string());
+    }
+    if retrying {
+        return Err(ReconcileError::Render(e));
+    }
+    Ok(Action::requeue(RESYNC))
+}
+
+/// Whether a render failure may go away when tried again: the plugin ran out of time.
+fn transient(e: &RenderError) -> bool {
+    matches!(
+        e,
+        RenderError::Plugin {
+            error: PluginError::Deadline(_),
+            ..
+        }
+    )
+}
+
+// --- plan ---------------------------------------------------------------------------------------
+
+/// What the plan reads of the operator's caches (the shared state, or a test's maps).
+pub(crate) trait View {
+    /// Where children of `group/version/Kind` are applied, or why they cannot be.
+    fn target(&self, gvk: &str) -> Option<Result<&ApiResource, &str>>;
+    /// The live object of kind `group/Kind` in `namespace` named `name`, as the watch shows it.
+    fn live(&self, kind_key: &str, namespace: &str, name: &str) -> Option<Arc<LiveChild>>;
+    /// What our last apply of the child with this key left.
+    fn applied(&self, key: &str) -> Option<Applied>;
+}
+
+impl View for Shared {
+    fn target(&self, gvk: &str) -> Option<Result<&ApiResource, &str>> {
+        self.targets
+            .get(gvk)
+            .map(|t| t.as_ref().map_err(String::as_str))
+    }
+
+    fn live(&self, kind_key: &str, namespace: &str, name: &str) -> Option<Arc<LiveChild>> {
+        let watched = self.watched.get(kind_key)?;
+        watched
+            .store
+            .get(&ObjectRef::new_with(name, watched.ar.clone()).within(namespace))
+    }
+
+    fn applied(&self, key: &str) -> Option<Applied> {
+        lock(&self.applied).get(key).cloned()
+    }
+}
+
+/// How a planned child is written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Write {
+    /// Left as it is: the live object is what we last applied.
+    Skip,
+    /// Created: no object of its kind and name exists.
+    Create,
+    /// Applied over the object with this uid, which this resource controls (or adopts).
+    Update { uid: String },
+}
+
+/// One rendered child, and what to do with it.
+#[derive(Debug)]
+pub(crate) struct Planned {
+    pub api_version: String,
+    pub kind: String,
+    pub name: String,
+    /// Where it is applied.
+    pub ar: ApiResource,
+    /// The object to apply, stamped with our owner reference and labels.
+    pub child: Value,
+    pub hash: u64,
+    /// Its key in `Shared::applied`.
+    pub cache_key: String,
+    pub write: Write,
+    /// Whether writing it changes it (for the `Applied` event).
+    pub changed: bool,
+    /// For a child left as it is whose readiness counts, the watch's copy.
+    pub live: Option<Arc<LiveChild>>,
+}
+
+/// A rendered child whose object exists and is not this resource's to take.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Conflict {
+    pub id: ChildId,
+    pub api_version: String,
+    pub kind: String,
+    pub name: String,
+    /// Who controls it: `Kind name`, or `nobody`.
+    pub holder: String,
+}
+
+impl Conflict {
+    fn message(&self, owner: &Owner) -> String {
+        if self.holder == "nobody" {
+            format!(
+                "{} {} exists and no controller owns it (made by hand?); it is left alone. Delete or rename it, or annotate {} with {ADOPT_ANNOTATION}=true to adopt it",
+                self.kind,
+                self.name,
+                owner.display()
+            )
+        } else {
+            format!(
+                "{} {} is controlled by {}; it is left alone",
+                self.kind, self.name, self.holder
+            )
+        }
+    }
+}
+
+/// What one reconciliation will do.
+#[derive(Debug, Default)]
+pub(crate) struct Plan {
+    pub children: Vec<Planned>,
+    /// Children not applied: their kind is not declared or not served.
+    pub skipped: Vec<Skipped>,
+    /// Children not applied: another controls the object, or nobody does.
+    pub conflicts: Vec<Conflict>,
+    /// Every rendered child, by kind key and name: what prune keeps.
+    pub desired: BTreeSet<(String, String)>,
+}
+
+/// Who controls a live object, as this resource sees it.
+enum Control<'a> {
+    Us,
+    Nobody,
+    Other(&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference),
+}
+
+fn control<'a>(live: &'a LiveChild, uid: &str) -> Control<'a> {
+    match live
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|r| r.controller == Some(true))
+    {
+        Some(r) if r.uid == uid => Control::Us,
+        Some(r) => Control::Other(r),
+        None => Control::Nobody,
+    }
+}
+
+/// Decides, for each rendered object, whether to create it, update it, leave it as it is, or
+/// refuse it (its kind is not served, or its object is not ours to take).
+pub(crate) fn plan(objects: Vec<Value>, owner: &Owner, view: &impl View) -> Plan {
+    let r = &owner.resource;
+    let mut plan = Plan::default();
+    for mut child in objects {
+        let api_version = child["apiVersion"].as_str().unwrap_or_default().to_owned();
+        let kind = child["kind"].as_str().unwrap_or_default().to_owned();
+        let name = child["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let key = kind_key(&api_version, &kind);
+        plan.desired.insert((key.clone(), name.clone()));
+        let ar = match view.target(&gvk_key(&api_version, &kind)) {
+            Some(Ok(ar)) => ar.clone(),
+            found => {
+                let reason = match found {
+                    Some(Err(why)) => why.to_owned(),
+                    _ => "not a declared child kind".to_owned(),
+                };
+                plan.skipped.push(Skipped {
+                    api_version,
+                    kind,
+                    name,
+                    reason,
+                });
+                continue;
+            }
+        };
+        super::stamp_child(&mut child, &r.api_version, &r.kind, &r.name, &r.uid);
+        let h = hash(&child);
+        let cache_key = applied_key(&r.uid, &key, &name);
+        let live = view.live(&key, &r.namespace, &name);
+        let previous = view.applied(&cache_key);
+        let write = match live.as_deref() {
+            Some(l) => match (control(l, &r.uid), owner.adopt) {
+                (Control::Us, _) | (Control::Nobody, true) => {
+                    if unchanged(&child, h, previous.as_ref(), Some(l)) {
+                        Write::Skip
+                    } else {
+                        Write::Update {
+                            uid: l.metadata.uid.clone().unwrap_or_default(),
+                        }
+                    }
+                }
+                (Control::Other(by), _) => {
+                    plan.conflicts.push(Conflict {
+                        id: (key, r.namespace.clone(), name.clone()),
+                        api_version,
+                        kind,
+                        name,
+                        holder: format!("{} {}", by.kind, by.name),
+                    });
+                    continue;
+                }
+                (Control::Nobody, false) => {
+                    plan.conflicts.push(Conflict {
+                        id: (key, r.namespace.clone(), name.clone()),
+                        api_version,
+                        kind,
+                        name,
+                        holder: "nobody".into(),
+                    });
+                    continue;
+                }
+            },
+            // A child we applied that the watch has not shown yet is not applied again: a
+            // deletion of it is seen by the watch, which then forgets the apply.
+            None if previous.as_ref().is_some_and(|p| p.hash == h) => Write::Skip,
+            None => Write::Create,
+        };
+        let changed = previous.is_none_or(|p| p.hash != h) || live.is_none();
+        // A child left as it is reports readiness from the watch's copy.
+        let live = live.filter(|_| write == Write::Skip && status::reports_readiness(&kind));
+        plan.children.push(Planned {
+            api_version,
+            kind,
+            name,
+            ar,
+            child,
+            hash: h,
+            cache_key,
+            write,
+            changed,
+            live,
+        });
+    }
+    plan
 }
 
 fn hash(v: &Value) -> u64 {
     let mut h = DefaultHasher::new();
     v.to_string().hash(&mut h);
     h.finish()
-}
-
-/// Adds what the host owns on every child: the controller owner reference, the ownership label
-/// and `managed-by`.
-fn stamp(child: &mut Value, owner: &DynamicObject, ctx: &KindCtx) {
-    let uid = owner.metadata.uid.as_deref().unwrap_or_default();
-    super::stamp_child(
-        child,
-        &ctx.ar.api_version,
-        &ctx.ar.kind,
-        &owner.name_any(),
-        uid,
-    );
-}
-
-/// One rendered child, and what to do with it.
-struct Planned<'a> {
-    api_version: String,
-    kind: String,
-    name: String,
-    served: &'a super::ChildKind,
-    /// The object to apply, stamped.
-    child: Value,
-    hash: u64,
-    /// Its key in `Shared::applied`.
-    cache_key: String,
-    /// Whether it is left as it is.
-    skip: bool,
-    /// Whether applying it changes it (for the `Applied` event).
-    changed: bool,
-    /// For a child left as it is whose readiness counts, the watch's copy.
-    live: Option<Arc<LiveChild>>,
 }
 
 /// Whether the live child still is what we last applied: same desired object, our labels and
@@ -207,13 +590,7 @@ fn unchanged(
         return false;
     }
     let uid = desired["metadata"]["ownerReferences"][0]["uid"].as_str();
-    if !live
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .any(|r| Some(r.uid.as_str()) == uid && r.controller == Some(true))
-    {
+    if controller_uid(live) != uid {
         return false;
     }
     match applied.generation {
@@ -222,12 +599,332 @@ fn unchanged(
     }
 }
 
+// --- apply --------------------------------------------------------------------------------------
+
+/// The body of an apply. An update carries the uid of the object the plan saw as ours: the API
+/// server refuses it (409, uid mismatch) if that object has since been deleted or replaced, so an
+/// object made meanwhile by someone else is never written over. A create carries none: the API
+/// server accepts no uid on create, so a create relies on the cache having seen every object of
+/// its kind (the window is the watch's delay, usually milliseconds; see docs/operator.md).
+fn guarded(planned: &Planned) -> Value {
+    let mut body = planned.child.clone();
+    if let Write::Update { uid } = &planned.write {
+        body["metadata"]["uid"] = uid.clone().into();
+    }
+    body
+}
+
+/// What became of the applies.
+#[derive(Debug, Default)]
+pub(crate) struct ApplyReport {
+    pub children: Vec<Child>,
+    pub skipped: Vec<Skipped>,
+    /// Applies the API server refused for good (the object is invalid, say).
+    pub failures: Vec<String>,
+    /// Objects that appeared, or were replaced, between the plan and the apply: the next
+    /// reconciliation sees them in the cache and decides again.
+    pub raced: Vec<String>,
+    /// Children applied that changed, for the `Applied` event.
+    pub changed: Vec<String>,
+    /// Whether someone else changed a child while we applied it.
+    pub look_again: bool,
+}
+
+/// How the API server answered one apply.
+#[derive(Debug, PartialEq, Eq)]
+enum Answer {
+    /// The kind is not served (its CRD went away).
+    NotServed(String),
+    /// The uid guard held: the object is not the one the plan saw.
+    Raced(String),
+    /// Refused for good.
+    Refused(String),
+    /// Anything else: retried with the whole reconciliation.
+    Retry,
+}
+
+fn answer(e: &kube::Error) -> Answer {
+    match e {
+        kube::Error::Api(s) if s.code == 404 => Answer::NotServed(s.message.clone()),
+        // The uid in the body is not the object's ("uid mismatch: the provided object specified
+        // uid ..., and no existing object was found", or a different one).
+        kube::Error::Api(s) if s.code == 409 && s.message.to_lowercase().contains("uid") => {
+            Answer::Raced(s.message.clone())
+        }
+        kube::Error::Api(s) if (400..500).contains(&s.code) && s.code != 409 && s.code != 429 => {
+            Answer::Refused(s.message.clone())
+        }
+        _ => Answer::Retry,
+    }
+}
+
+/// Applies every child the plan writes, all at once, and reads back readiness.
+async fn apply(
+    plan: &Plan,
+    owner: &Owner,
+    shared: &Arc<Shared>,
+) -> Result<ApplyReport, ReconcileError> {
+    let namespace = &owner.resource.namespace;
+    let calls = plan.children.iter().map(|p| {
+        let api: Api<LiveChild> = Api::namespaced_with(shared.client.clone(), namespace, &p.ar);
+        async move {
+            if p.write == Write::Skip {
+                return Ok(None);
+            }
+            let params = PatchParams::apply(FIELD_MANAGER).force();
+            shared
+                .write(
+                    "apply",
+                    &p.ar,
+                    api.patch(&p.name, &params, &Patch::Apply(guarded(p))),
+                )
+                .await
+                .map(Some)
+        }
+    });
+    let batch = shared.applies.begin(
+        plan.children
+            .iter()
+            .filter(|p| p.write != Write::Skip)
+            .map(|p| p.cache_key.clone())
+            .collect(),
+    );
+    let results = futures::future::join_all(calls).await;
+    // What the watch showed of each child while it was applied: anything but the apply's own
+    // result is someone else's change, to be looked at again.
+    let seen_meanwhile = batch.finish();
+    let mut out = ApplyReport::default();
+    for (planned, result) in plan.children.iter().zip(results) {
+        let live_object = match result {
+            Ok(answer) => {
+                if let Some(answer) = &answer {
+                    out.look_again |= seen_meanwhile.get(&planned.cache_key).is_some_and(|seen| {
+                        seen.iter()
+                            .any(|rv| Some(rv) != answer.metadata.resource_version.as_ref())
+                    });
+                    lock(&shared.applied).insert(
+                        planned.cache_key.clone(),
+                        Applied {
+                            hash: planned.hash,
+                            generation: answer.metadata.generation,
+                            resource_version: answer.metadata.resource_version.clone(),
+                        },
+                    );
+                    if planned.changed {
+                        out.changed
+                            .push(format!("{} {}", planned.kind, planned.name));
+                    }
+                }
+                answer
+            }
+            Err(e) => {
+                let what = format!("{} {}", planned.kind, planned.name);
+                match answer(&e) {
+                    Answer::NotServed(message) => out.skipped.push(Skipped {
+                        api_version: planned.api_version.clone(),
+                        kind: planned.kind.clone(),
+                        name: planned.name.clone(),
+                        reason: format!("the API server does not serve it: {message}"),
+                    }),
+                    Answer::Raced(message) => out.raced.push(format!(
+                        "{what} changed hands while it was applied ({message}); looking again"
+                    )),
+                    Answer::Refused(message) => out.failures.push(format!("{what}: {message}")),
+                    Answer::Retry => return Err(e.into()),
+                }
+                continue;
+            }
+        };
+        // The apply's answer, else (left as it is) the watch's copy.
+        let live = live_object.as_ref().or(planned.live.as_deref());
+        let (ready, message) = if live.is_none() && status::reports_readiness(&planned.kind) {
+            // Applied moments ago, not yet seen by the watch: its status is still to come.
+            (false, "not observed yet".to_owned())
+        } else {
+            status::child_ready(&planned.kind, live)
+        };
+        out.children.push(Child {
+            api_version: planned.api_version.clone(),
+            kind: planned.kind.clone(),
+            name: planned.name.clone(),
+            ready,
+            message,
+        });
+    }
+    Ok(out)
+}
+
+// --- prune --------------------------------------------------------------------------------------
+
+/// A child to delete: where, its name, and the uid the delete is preconditioned on.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Stale {
+    pub kind_key: String,
+    pub name: String,
+    pub uid: String,
+}
+
+/// The children `owner_uid` controls in `namespace` that the render no longer returns: those the
+/// owner index lists, that the watch still shows controlled by it and not being deleted.
+pub(crate) fn stale_children(
+    owned: Vec<ChildId>,
+    owner_uid: &str,
+    namespace: &str,
+    desired: &BTreeSet<(String, String)>,
+    view: &impl View,
+) -> Vec<Stale> {
+    owned
+        .into_iter()
+        .filter(|(_, ns, _)| ns == namespace)
+        .filter(|(key, _, name)| !desired.contains(&(key.clone(), name.clone())))
+        .filter_map(|(key, ns, name)| {
+            let live = view.live(&key, &ns, &name)?;
+            let ours = controller_uid(&live) == Some(owner_uid);
+            let uid = live.metadata.uid.clone()?;
+            (ours && live.metadata.deletion_timestamp.is_none()).then_some(Stale {
+                kind_key: key,
+                name,
+                uid,
+            })
+        })
+        .collect()
+}
+
+/// What prune did.
+#[derive(Debug, Default)]
+pub(crate) struct Pruned {
+    pub deleted: Vec<String>,
+    pub failed: Vec<String>,
+}
+
+/// Deletes the stale children, each only if it still is the object we saw (uid precondition).
+async fn prune(owner: &Owner, ctx: &KindCtx, desired: &BTreeSet<(String, String)>) -> Pruned {
+    let shared = &ctx.shared;
+    let r = &owner.resource;
+    let owned = lock(&shared.owned).owned_by(&r.uid);
+    let mut pruned = Pruned::default();
+    for stale in stale_children(owned, &r.uid, &r.namespace, desired, shared.as_ref()) {
+        let Some(watched) = shared.watched.get(&stale.kind_key) else {
+            continue;
+        };
+        let api: Api<LiveChild> =
+            Api::namespaced_with(shared.client.clone(), &r.namespace, &watched.ar);
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(stale.uid.clone()),
+                resource_version: None,
+            }),
+            ..DeleteParams::background()
+        };
+        let what = format!("{} {}", watched.ar.kind, stale.name);
+        match shared
+            .write("delete", &watched.ar, api.delete(&stale.name, &params))
+            .await
+        {
+            Ok(_) => {
+                lock(&shared.applied).remove(&applied_key(&r.uid, &stale.kind_key, &stale.name));
+                pruned.deleted.push(what);
+            }
+            // Already gone, or replaced by another object of that name: nothing of ours to delete.
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            Err(e) => pruned.failed.push(format!("could not delete {what}: {e}")),
+        }
+    }
+    pruned
+}
+
+// --- report -------------------------------------------------------------------------------------
+
+/// Writes status and events for what the reconciliation did, and says when to look again.
+fn report(
+    obj: &DynamicObject,
+    ctx: &KindCtx,
+    owner: &Owner,
+    plan: Plan,
+    applied: ApplyReport,
+    pruned: Pruned,
+) -> Result<Action, ReconcileError> {
+    if !applied.changed.is_empty() {
+        publish(
+            ctx,
+            obj,
+            EventType::Normal,
+            "Applied",
+            format!("applied {}", applied.changed.join(", ")),
+        );
+    }
+    for what in &pruned.deleted {
+        publish(
+            ctx,
+            obj,
+            EventType::Normal,
+            "Pruned",
+            format!("deleted {what}: the render no longer returns it"),
+        );
+    }
+    let mut skipped = plan.skipped;
+    skipped.extend(applied.skipped);
+    let mut problems = Vec::new();
+    for conflict in &plan.conflicts {
+        let message = conflict.message(owner);
+        skipped.push(Skipped {
+            api_version: conflict.api_version.clone(),
+            kind: conflict.kind.clone(),
+            name: conflict.name.clone(),
+            reason: format!("ChildConflict: {message}"),
+        });
+        problems.push(Problem {
+            reason: "ChildConflict".into(),
+            message,
+            retrying: false,
+        });
+    }
+    let problem = |reason: &str, messages: &[String], retrying| Problem {
+        reason: reason.into(),
+        message: messages.join("; "),
+        retrying,
+    };
+    if !applied.failures.is_empty() {
+        problems.push(problem("ApplyFailed", &applied.failures, false));
+    }
+    if !applied.raced.is_empty() {
+        problems.push(problem("ChildConflict", &applied.raced, true));
+    }
+    if !pruned.failed.is_empty() {
+        problems.push(problem("PruneFailed", &pruned.failed, true));
+    }
+    let outcome = Outcome {
+        children: applied.children,
+        skipped,
+        problems,
+    };
+    if write_status(obj, ctx, owner, &outcome) {
+        for p in &outcome.problems {
+            publish(ctx, obj, EventType::Warning, &p.reason, p.message.clone());
+        }
+    }
+    // What the operator retries by itself: with backoff, as a failed reconciliation.
+    let retry: Vec<&str> = outcome
+        .problems
+        .iter()
+        .filter(|p| p.retrying)
+        .map(|p| p.message.as_str())
+        .collect();
+    if !retry.is_empty() {
+        return Err(ReconcileError::Retry(retry.join("; ")));
+    }
+    if applied.look_again {
+        return Ok(Action::requeue(Duration::from_millis(100)));
+    }
+    Ok(Action::requeue(RESYNC))
+}
+
 /// Asks for an event about `obj`; it is written off the reconciliation's path.
 fn publish(ctx: &KindCtx, obj: &DynamicObject, type_: EventType, reason: &str, note: String) {
     let event = Event {
         type_,
         reason: reason.to_owned(),
-        note: Some(note),
+        note: Some(status::bounded(&note)),
         action: "Reconcile".into(),
         secondary: None,
     };
@@ -244,23 +941,21 @@ fn report_key(ctx: &KindCtx, obj: &DynamicObject) -> Key {
     }
 }
 
-/// The status `obj` has or is about to have: one not yet written is newer than the watch's.
-fn current_status(ctx: &KindCtx, obj: &DynamicObject) -> Option<Value> {
-    ctx.shared
+/// Asks for the status `outcome` says to be written when it differs from the resource's current
+/// one (one not yet written is newer than the watch's); returns whether it differs.
+fn write_status(obj: &DynamicObject, ctx: &KindCtx, owner: &Owner, outcome: &Outcome) -> bool {
+    let key = report_key(ctx, obj);
+    let current = ctx
+        .shared
         .reports
-        .pending_status(&report_key(ctx, obj))
-        .or_else(|| obj.data.get("status").cloned())
-}
-
-/// Asks for `desired` to be written as the status of `obj` when it differs from its current
-/// one (see [`current_status`]); returns whether it differs.
-fn report_status(
-    ctx: &KindCtx,
-    obj: &DynamicObject,
-    current: Option<&Value>,
-    desired: Value,
-    settling: bool,
-) -> bool {
+        .pending_status(&key)
+        .or_else(|| obj.data.get("status").cloned());
+    let desired = status::status(
+        outcome,
+        owner.resource.generation,
+        current.as_ref(),
+        &plugin_id(ctx, owner),
+    );
     let comparable = |v: &Value| {
         let mut v = v.clone();
         if let Some(conds) = v.get_mut("conditions").and_then(Value::as_array_mut) {
@@ -272,333 +967,309 @@ fn report_status(
         }
         v
     };
-    if status::same(&comparable(&desired), current.map(comparable).as_ref()) {
+    if status::same(
+        &comparable(&desired),
+        current.as_ref().map(comparable).as_ref(),
+    ) {
         return false;
     }
-    let hold = if settling {
+    let hold = if outcome.settling() {
         report::SETTLING
     } else {
         Duration::ZERO
     };
-    ctx.shared
-        .reports
-        .status(report_key(ctx, obj), &ctx.ar, desired, hold);
+    ctx.shared.reports.status(key, &ctx.ar, desired, hold);
     true
 }
 
-async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, ReconcileError> {
-    if obj.metadata.deletion_timestamp.is_some() {
-        // The garbage collector removes the children through their owner references.
-        return Ok(Action::await_change());
-    }
-    let shared = &ctx.shared;
-    let resource = plugin_resource(obj, ctx);
-    let generation = resource.generation;
-    let (plugin_name, plugin_id) = match shared
+/// `name@version (sha256 prefix)` of the plugin serving the resource, for status.
+fn plugin_id(ctx: &KindCtx, owner: &Owner) -> String {
+    match ctx
+        .shared
         .registry
-        .lookup(&resource.api_version, &resource.kind)
+        .lookup(&owner.resource.api_version, &owner.resource.kind)
     {
-        Ok((p, _)) => (
-            p.name().to_owned(),
-            format!("{}@{} ({})", p.name(), p.info().version, &p.sha256()[..12]),
-        ),
-        Err(e) => (String::new(), e.to_string()),
-    };
-
-    // Render in a blocking task: the sandbox is synchronous and CPU-bound.
-    let registry = shared.registry.clone();
-    let started = Instant::now();
-    let to_render = resource.clone();
-    let rendered = tokio::task::spawn_blocking(move || registry.render(&to_render))
-        .await
-        .map_err(|e| ReconcileError::Join(e.to_string()))?;
-    Metrics::observe(
-        &shared.metrics.render_time.get_or_create(&PluginLabels {
-            plugin: plugin_name.clone(),
-        }),
-        started.elapsed(),
-    );
-
-    let objects = match rendered {
-        Ok(objects) => objects,
-        Err(e) => {
-            shared
-                .metrics
-                .render_failures
-                .get_or_create(&FailureLabels {
-                    plugin: plugin_name,
-                    reason: e.reason().to_owned(),
-                })
-                .inc();
-            let outcome = Outcome::Stalled {
-                reason: e.reason().to_owned(),
-                message: e.to_string(),
-                children: vec![],
-                skipped: vec![],
-            };
-            let current = current_status(ctx, obj);
-            let desired = status::status(&outcome, generation, current.as_ref(), &plugin_id);
-            if report_status(ctx, obj, current.as_ref(), desired, false) {
-                publish(ctx, obj, EventType::Warning, e.reason(), e.to_string());
-            }
-            // Nothing changes until the spec (or the plugin) does; look again now and then.
-            return Ok(Action::requeue(RESYNC));
-        }
-    };
-
-    let namespace = resource.namespace.clone();
-    let uid = resource.uid.clone();
-    let mut skipped = Vec::new();
-    let mut desired_names = BTreeSet::new();
-    // First decide, per child, whether it must be written; then do every write at once.
-    let mut work = Vec::new();
-    for mut child in objects {
-        let api_version = child["apiVersion"].as_str().unwrap_or_default().to_owned();
-        let kind = child["kind"].as_str().unwrap_or_default().to_owned();
-        let name = child["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
-        let key = gvk_key(&api_version, &kind);
-        let served = match shared.children.get(&key) {
-            Some(Ok(c)) => c,
-            Some(Err(why)) => {
-                skipped.push(Skipped {
-                    api_version,
-                    kind,
-                    name,
-                    reason: why.clone(),
-                });
-                continue;
-            }
-            None => {
-                skipped.push(Skipped {
-                    api_version,
-                    kind,
-                    name,
-                    reason: "not a declared child kind".into(),
-                });
-                continue;
-            }
-        };
-        desired_names.insert(format!("{key}/{name}"));
-        stamp(&mut child, obj, ctx);
-        let h = hash(&child);
-        let cache_key = super::applied_key(&uid, &key, &name);
-        let live = served
-            .store
-            .get(&ObjectRef::new_with(&name, served.ar.clone()).within(&namespace));
-        let previous = shared
-            .applied
-            .lock()
-            .ok()
-            .and_then(|a| a.get(&cache_key).cloned());
-        // A child we applied that the watch has not shown yet is not applied again: a deletion
-        // of it is seen by the watch, which then forgets the apply (see `dispatch_children`).
-        let not_seen_yet = live.is_none() && previous.as_ref().is_some_and(|p| p.hash == h);
-        let skip = not_seen_yet || unchanged(&child, h, previous.as_ref(), live.as_deref());
-        let changed = previous.is_none_or(|p| p.hash != h) || live.is_none();
-        // A child left as it is reports readiness from the watch's copy.
-        let live = live.filter(|_| skip && status::reports_readiness(&kind));
-        work.push(Planned {
-            api_version,
-            kind,
-            name,
-            served,
-            child,
-            hash: h,
-            cache_key,
-            skip,
-            changed,
-            live,
-        });
+        Ok((p, _)) => format!("{}@{} ({})", p.name(), p.info().version, &p.sha256()[..12]),
+        Err(e) => e.to_string(),
     }
-    let calls = work.iter().map(|p| {
-        let Planned {
-            name,
-            served,
-            child,
-            skip,
-            ..
-        } = p;
-        let api: Api<LiveChild> =
-            Api::namespaced_with(shared.client.clone(), &namespace, &served.ar);
-        async move {
-            if *skip {
-                return Ok(None);
-            }
-            let params = PatchParams::apply(FIELD_MANAGER).force();
-            shared
-                .write(
-                    "apply",
-                    &served.ar,
-                    api.patch(name, &params, &Patch::Apply(child)),
-                )
-                .await
-                .map(Some)
-        }
-    });
-    let batch = shared.applies.begin(
-        work.iter()
-            .filter(|w| !w.skip)
-            .map(|w| w.cache_key.clone())
-            .collect(),
-    );
-    let results = futures::future::join_all(calls).await;
-    // What the watch showed of each child while it was applied: anything but the apply's own
-    // result is someone else's change, to be looked at again.
-    let seen_meanwhile = batch.finish();
-    let mut look_again = false;
+}
 
-    let mut children = Vec::new();
-    let mut failures = Vec::new();
-    let mut applied_now = Vec::new();
-    for (planned, result) in work.into_iter().zip(results) {
-        let Planned {
-            api_version,
-            kind,
-            name,
-            hash: h,
-            cache_key,
-            skip,
-            changed,
-            live,
-            ..
-        } = planned;
-        let live_object = match result {
-            Ok(out) => {
-                if let (false, Some(out)) = (skip, &out) {
-                    let others = seen_meanwhile.get(&cache_key).is_some_and(|seen| {
-                        seen.iter()
-                            .any(|rv| Some(rv) != out.metadata.resource_version.as_ref())
-                    });
-                    look_again |= others;
-                    let record = Applied {
-                        hash: h,
-                        generation: out.metadata.generation,
-                        resource_version: out.metadata.resource_version.clone(),
-                    };
-                    if let Ok(mut a) = shared.applied.lock() {
-                        a.insert(cache_key, record);
-                    }
-                    if changed {
-                        applied_now.push(format!("{kind} {name}"));
-                    }
-                }
-                out
-            }
-            Err(kube::Error::Api(s)) if s.code == 404 && !skip => {
-                skipped.push(Skipped {
-                    api_version,
-                    kind,
-                    name,
-                    reason: format!("the API server does not serve it: {}", s.message),
-                });
-                continue;
-            }
-            Err(kube::Error::Api(s))
-                if (400..500).contains(&s.code) && s.code != 409 && s.code != 429 && !skip =>
-            {
-                failures.push(format!("{kind} {name}: {}", s.message));
-                continue;
-            }
-            Err(e) => return Err(e.into()),
-        };
-        // The apply's answer, else (left as it is) the watch's copy.
-        let live = live_object.as_ref().or(live.as_deref());
-        let (ready, message) = if live.is_none() && status::reports_readiness(&kind) {
-            // Applied moments ago, not yet seen by the watch: its status is still to come.
-            (false, "not observed yet".to_owned())
-        } else {
-            status::child_ready(&kind, live)
-        };
-        children.push(Child {
-            api_version,
-            kind,
-            name,
-            ready,
-            message,
-        });
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The caches as a test sets them.
+    #[derive(Default)]
+    struct Caches {
+        targets: BTreeMap<String, Result<ApiResource, String>>,
+        live: BTreeMap<(String, String, String), Arc<LiveChild>>,
+        applied: BTreeMap<String, Applied>,
     }
-    if !applied_now.is_empty() {
-        publish(
-            ctx,
-            obj,
-            EventType::Normal,
-            "Applied",
-            format!("applied {}", applied_now.join(", ")),
+
+    impl View for Caches {
+        fn target(&self, gvk: &str) -> Option<Result<&ApiResource, &str>> {
+            self.targets
+                .get(gvk)
+                .map(|t| t.as_ref().map_err(String::as_str))
+        }
+        fn live(&self, kind_key: &str, namespace: &str, name: &str) -> Option<Arc<LiveChild>> {
+            self.live
+                .get(&(kind_key.into(), namespace.into(), name.into()))
+                .cloned()
+        }
+        fn applied(&self, key: &str) -> Option<Applied> {
+            self.applied.get(key).cloned()
+        }
+    }
+
+    fn ar(api_version: &str, kind: &str, plural: &str) -> ApiResource {
+        let (group, version) = crate::registry::split_api_version(api_version);
+        ApiResource {
+            group: group.into(),
+            version: version.into(),
+            api_version: api_version.into(),
+            kind: kind.into(),
+            plural: plural.into(),
+        }
+    }
+
+    fn caches() -> Caches {
+        let mut c = Caches::default();
+        c.targets
+            .insert("/v1/Service".into(), Ok(ar("v1", "Service", "services")));
+        c.targets.insert(
+            "apps/v1/Deployment".into(),
+            Ok(ar("apps/v1", "Deployment", "deployments")),
+        );
+        c.targets.insert(
+            "monitoring.coreos.com/v1/ServiceMonitor".into(),
+            Err("its CRD is not installed".into()),
+        );
+        c
+    }
+
+    fn owner(adopt: bool) -> Owner {
+        let mut annotations = BTreeMap::new();
+        if adopt {
+            annotations.insert(ADOPT_ANNOTATION.to_owned(), "true".to_owned());
+        }
+        Owner {
+            resource: PluginResource {
+                api_version: "hanzo.ai/v1".into(),
+                kind: "Service".into(),
+                name: "web".into(),
+                namespace: "ns".into(),
+                uid: "uid-web".into(),
+                generation: 1,
+                labels: BTreeMap::new(),
+                annotations,
+                spec: json!({}),
+            },
+            controller_kind: "hanzo.ai/v1/Service".into(),
+            adopt,
+        }
+    }
+
+    fn service(name: &str) -> Value {
+        json!({ "apiVersion": "v1", "kind": "Service", "metadata": { "name": name, "namespace": "ns" } })
+    }
+
+    fn live(uid: &str, controller: Option<(&str, &str, &str)>) -> Arc<LiveChild> {
+        let refs: Vec<Value> = controller
+            .into_iter()
+            .map(|(kind, name, uid)| {
+                json!({ "apiVersion": "x/v1", "kind": kind, "name": name, "uid": uid, "controller": true })
+            })
+            .collect();
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": { "name": "web", "namespace": "ns", "uid": uid, "resourceVersion": "7",
+                    "ownerReferences": refs,
+                    "labels": { super::super::OWNER_LABEL: "uid-web", "app.kubernetes.io/managed-by": "wasm-operator" } },
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn key(kind: &str, name: &str) -> (String, String, String) {
+        (format!("/{kind}"), "ns".into(), name.into())
+    }
+
+    #[test]
+    fn a_child_that_does_not_exist_is_created() {
+        let plan = plan(vec![service("web")], &owner(false), &caches());
+        assert_eq!(plan.children.len(), 1);
+        assert_eq!(plan.children[0].write, Write::Create);
+        assert!(plan.conflicts.is_empty());
+        let body = guarded(&plan.children[0]);
+        assert_eq!(body["metadata"]["ownerReferences"][0]["uid"], "uid-web");
+        assert_eq!(body["metadata"]["ownerReferences"][0]["controller"], true);
+        // The API server accepts no uid on create.
+        assert!(body["metadata"].get("uid").is_none());
+    }
+
+    #[test]
+    fn an_object_made_by_hand_is_never_taken() {
+        let mut c = caches();
+        c.live.insert(key("Service", "web"), live("uid-hand", None));
+        let plan = plan(vec![service("web")], &owner(false), &c);
+        assert!(plan.children.is_empty());
+        assert_eq!(plan.conflicts.len(), 1);
+        assert_eq!(plan.conflicts[0].holder, "nobody");
+        assert!(
+            plan.conflicts[0]
+                .message(&owner(false))
+                .contains(ADOPT_ANNOTATION)
+        );
+        // Still desired: prune must not treat it as stale.
+        assert!(plan.desired.contains(&("/Service".into(), "web".into())));
+    }
+
+    #[test]
+    fn an_object_nobody_controls_is_adopted_only_when_asked() {
+        let mut c = caches();
+        c.live.insert(key("Service", "web"), live("uid-hand", None));
+        let plan = plan(vec![service("web")], &owner(true), &c);
+        assert!(plan.conflicts.is_empty());
+        assert_eq!(
+            plan.children[0].write,
+            Write::Update {
+                uid: "uid-hand".into()
+            }
+        );
+        assert_eq!(guarded(&plan.children[0])["metadata"]["uid"], "uid-hand");
+    }
+
+    #[test]
+    fn an_object_another_resource_controls_is_never_taken_even_when_adopting() {
+        let mut c = caches();
+        c.live.insert(
+            key("Service", "web"),
+            live("uid-svc", Some(("Datastore", "web", "uid-db"))),
+        );
+        for adopt in [false, true] {
+            let plan = plan(vec![service("web")], &owner(adopt), &c);
+            assert!(plan.children.is_empty());
+            assert_eq!(plan.conflicts[0].holder, "Datastore web");
+            assert!(
+                plan.conflicts[0]
+                    .message(&owner(adopt))
+                    .contains("controlled by Datastore web")
+            );
+        }
+    }
+
+    #[test]
+    fn our_own_child_is_updated_over_its_uid_and_left_alone_when_unchanged() {
+        let mut c = caches();
+        let ours = live("uid-svc", Some(("Service", "web", "uid-web")));
+        c.live.insert(key("Service", "web"), ours.clone());
+        let first = plan(vec![service("web")], &owner(false), &c);
+        assert_eq!(
+            first.children[0].write,
+            Write::Update {
+                uid: "uid-svc".into()
+            }
+        );
+        // After our apply left it so, it is left as it is.
+        let p = &first.children[0];
+        c.applied.insert(
+            p.cache_key.clone(),
+            Applied {
+                hash: p.hash,
+                generation: None,
+                resource_version: Some("7".into()),
+            },
+        );
+        let second = plan(vec![service("web")], &owner(false), &c);
+        assert_eq!(second.children[0].write, Write::Skip);
+    }
+
+    #[test]
+    fn children_of_undeclared_or_unserved_kinds_are_skipped_with_the_reason() {
+        let monitor = json!({ "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
+            "metadata": { "name": "web", "namespace": "ns" } });
+        let cron = json!({ "apiVersion": "batch/v1", "kind": "CronJob",
+            "metadata": { "name": "web", "namespace": "ns" } });
+        let plan = plan(vec![monitor, cron], &owner(false), &caches());
+        let reasons: Vec<&str> = plan.skipped.iter().map(|s| s.reason.as_str()).collect();
+        assert_eq!(
+            reasons,
+            ["its CRD is not installed", "not a declared child kind"]
         );
     }
 
-    // Prune what this render no longer returns: the children the watches show with our
-    // ownership label.
-    let owned = shared
-        .owned
-        .lock()
-        .map(|index| index.owned_by(&uid))
-        .unwrap_or_default();
-    for (key, child_namespace, name) in owned {
-        let Some(Ok(served)) = shared.children.get(&key) else {
-            continue;
-        };
-        if child_namespace != namespace || desired_names.contains(&format!("{key}/{name}")) {
-            continue;
-        }
-        let gone = served
-            .store
-            .get(&ObjectRef::new_with(&name, served.ar.clone()).within(&child_namespace))
-            .is_none_or(|m| m.metadata.deletion_timestamp.is_some());
-        if gone {
-            continue;
-        }
-        let api: Api<LiveChild> =
-            Api::namespaced_with(shared.client.clone(), &namespace, &served.ar);
-        let deleted = shared
-            .write(
-                "delete",
-                &served.ar,
-                api.delete(&name, &DeleteParams::background()),
+    #[test]
+    fn two_versions_of_one_kind_are_one_child() {
+        let mut c = caches();
+        c.targets.insert(
+            "autoscaling/v1/HorizontalPodAutoscaler".into(),
+            Ok(ar(
+                "autoscaling/v1",
+                "HorizontalPodAutoscaler",
+                "horizontalpodautoscalers",
+            )),
+        );
+        let hpa = json!({ "apiVersion": "autoscaling/v1", "kind": "HorizontalPodAutoscaler",
+            "metadata": { "name": "web", "namespace": "ns" } });
+        let plan = plan(vec![hpa], &owner(false), &c);
+        // Prune compares by group and kind: what v2 shows of this child is what v1 applied.
+        let owned = vec![(
+            "autoscaling/HorizontalPodAutoscaler".to_owned(),
+            "ns".to_owned(),
+            "web".to_owned(),
+        )];
+        c.live.insert(
+            owned[0].clone(),
+            live("uid-hpa", Some(("Service", "web", "uid-web"))),
+        );
+        assert!(stale_children(owned, "uid-web", "ns", &plan.desired, &c).is_empty());
+    }
+
+    #[test]
+    fn only_children_this_resource_controls_are_stale() {
+        let mut c = caches();
+        let ours = live("uid-old", Some(("Service", "web", "uid-web")));
+        let theirs = live("uid-theirs", Some(("Service", "other", "uid-other")));
+        c.live.insert(key("Ingress", "old"), ours);
+        c.live.insert(key("Ingress", "theirs"), theirs);
+        let owned = vec![
+            key("Ingress", "old"),
+            key("Ingress", "theirs"),
+            key("Service", "web"),
+            // Listed, but gone from the watch: nothing to delete.
+            key("Ingress", "gone"),
+        ];
+        let desired = BTreeSet::from([("/Service".to_owned(), "web".to_owned())]);
+        let stale = stale_children(owned, "uid-web", "ns", &desired, &c);
+        assert_eq!(
+            stale,
+            vec![Stale {
+                kind_key: "/Ingress".into(),
+                name: "old".into(),
+                uid: "uid-old".into()
+            }]
+        );
+    }
+
+    #[test]
+    fn the_api_servers_answers_are_told_apart() {
+        let api = |code: u16, message: &str| {
+            kube::Error::Api(
+                kube::core::Status::failure(message, "")
+                    .with_code(code)
+                    .boxed(),
             )
-            .await;
-        match deleted {
-            Ok(_) | Err(kube::Error::Api(_)) => {}
-            Err(e) => return Err(e.into()),
-        }
-        if let Ok(mut a) = shared.applied.lock() {
-            a.remove(&super::applied_key(&uid, &key, &name));
-        }
-        publish(
-            ctx,
-            obj,
-            EventType::Normal,
-            "Pruned",
-            format!(
-                "deleted {} {name}: the render no longer returns it",
-                served.ar.kind
-            ),
-        );
+        };
+        let mismatch = "Operation cannot be fulfilled on deployments.apps \"web\": uid mismatch: the provided object specified uid a, and no existing object was found";
+        assert_eq!(answer(&api(409, mismatch)), Answer::Raced(mismatch.into()));
+        assert!(matches!(answer(&api(409, "conflict")), Answer::Retry));
+        assert!(matches!(answer(&api(429, "slow down")), Answer::Retry));
+        assert!(matches!(answer(&api(500, "oops")), Answer::Retry));
+        assert!(matches!(
+            answer(&api(422, "spec.x: Invalid")),
+            Answer::Refused(_)
+        ));
+        assert!(matches!(answer(&api(404, "no kind")), Answer::NotServed(_)));
     }
-
-    let outcome = if failures.is_empty() {
-        Outcome::Applied { children, skipped }
-    } else {
-        Outcome::Stalled {
-            reason: "ApplyFailed".into(),
-            message: failures.join("; "),
-            children,
-            skipped,
-        }
-    };
-    let current = current_status(ctx, obj);
-    let desired = status::status(&outcome, generation, current.as_ref(), &plugin_id);
-    let settling =
-        matches!(&outcome, Outcome::Applied { children, .. } if children.iter().any(|c| !c.ready));
-    let changed = report_status(ctx, obj, current.as_ref(), desired, settling);
-    if let (true, Outcome::Stalled { message, .. }) = (changed, &outcome) {
-        publish(ctx, obj, EventType::Warning, "ApplyFailed", message.clone());
-    }
-    if look_again {
-        return Ok(Action::requeue(Duration::from_millis(100)));
-    }
-    Ok(Action::requeue(RESYNC))
 }

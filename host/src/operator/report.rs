@@ -29,13 +29,23 @@ use kube::runtime::events::{Event, Recorder};
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 
-use super::metrics::Metrics;
-use super::{Applies, FIELD_MANAGER};
+use super::FIELD_MANAGER;
+use super::children::Applies;
+use super::metrics::{Metrics, WriteLabels};
 
 /// How many writes of reports are in flight at most.
 pub(crate) const WORKERS: usize = 4;
-/// How long a failed write waits before it is tried again.
+/// How long a failed status write waits before it is tried again: [`RETRY`] doubling with each
+/// failure in a row, to at most [`MAX_RETRY`].
 const RETRY: Duration = Duration::from_secs(1);
+const MAX_RETRY: Duration = Duration::from_secs(300);
+
+/// The wait after the `failures`th failure in a row (`failures` ≥ 1).
+fn retry_after(failures: u32) -> Duration {
+    RETRY
+        .saturating_mul(1 << failures.saturating_sub(1).min(16))
+        .min(MAX_RETRY)
+}
 /// How long a settling status waits for a newer one before it is written.
 pub(crate) const SETTLING: Duration = Duration::from_secs(2);
 /// How long reports wait for applies in flight to finish before they are written anyway.
@@ -55,6 +65,8 @@ struct StatusWrite {
     ar: ApiResource,
     status: Value,
     not_before: Instant,
+    /// Failed writes in a row of this resource's status.
+    failures: u32,
 }
 
 /// Statuses to write (one per resource, the newest, in the order resources first asked) and
@@ -67,26 +79,40 @@ struct Queue {
 }
 
 impl Queue {
-    /// Queues `write` for `key`, replacing an unwritten one, due no later than that one was.
+    /// Queues `write` for `key`, replacing an unwritten one, due no later than that one was; but
+    /// a status whose writes are failing keeps its backoff.
     fn push_status(&mut self, key: Key, mut write: StatusWrite) {
         if let Some(earlier) = self.statuses.get(&key) {
-            write.not_before = write.not_before.min(earlier.not_before);
+            if earlier.failures > 0 {
+                write.failures = earlier.failures;
+                write.not_before = write.not_before.max(earlier.not_before);
+            } else {
+                write.not_before = write.not_before.min(earlier.not_before);
+            }
         }
         if self.statuses.insert(key.clone(), write).is_none() {
             self.order.push_back(key);
         }
     }
 
-    /// Queues `write` again after it failed, unless a newer status has replaced it.
+    /// Queues `write` again after it failed, with backoff; a newer status that replaced it
+    /// meanwhile is written instead, with the same backoff.
     fn retry_status(&mut self, key: Key, write: StatusWrite, now: Instant) {
-        if !self.statuses.contains_key(&key) {
-            self.push_status(
+        let failures = write.failures + 1;
+        let not_before = now + retry_after(failures);
+        match self.statuses.get_mut(&key) {
+            Some(newer) => {
+                newer.failures = failures;
+                newer.not_before = newer.not_before.max(not_before);
+            }
+            None => self.push_status(
                 key,
                 StatusWrite {
-                    not_before: now,
+                    not_before,
+                    failures,
                     ..write
                 },
-            );
+            ),
         }
     }
 
@@ -167,6 +193,7 @@ impl Reports {
             ar: ar.clone(),
             status,
             not_before: Instant::now() + hold,
+            failures: 0,
         };
         if let Ok(mut queue) = self.queue.lock() {
             queue.push_status(key, write);
@@ -215,9 +242,15 @@ impl Reports {
             match self.next() {
                 Ok(Work::Status(key, write)) => {
                     if let Err(e) = self.write_status(&key, &write, metrics).await {
+                        metrics
+                            .report_errors
+                            .get_or_create(&WriteLabels {
+                                verb: "apply_status".into(),
+                                resource: key.controller.clone(),
+                            })
+                            .inc();
                         tracing::warn!(resource = %format!("{}/{}/{}", key.controller, key.namespace, key.name),
-                            "status not written, retrying in {RETRY:?}: {e}");
-                        tokio::time::sleep(RETRY).await;
+                            "status not written, retrying in {:?}: {e}", retry_after(write.failures + 1));
                         if let Ok(mut queue) = self.queue.lock() {
                             queue.retry_status(key, write, Instant::now());
                         }
@@ -226,7 +259,14 @@ impl Reports {
                 Ok(Work::Event(event, regarding, controller)) => {
                     metrics.write("event", "events.events.k8s.io");
                     if let Err(e) = self.recorder.publish(&event, &regarding).await {
-                        tracing::debug!(%controller, "event not recorded: {e}");
+                        metrics
+                            .report_errors
+                            .get_or_create(&WriteLabels {
+                                verb: "event".into(),
+                                resource: controller.clone(),
+                            })
+                            .inc();
+                        tracing::warn!(%controller, reason = %event.reason, "event not recorded: {e}");
                     }
                 }
                 Err(next_due) => {
@@ -319,6 +359,7 @@ mod tests {
             )),
             status: json!({ "message": status }),
             not_before,
+            failures: 0,
         }
     }
 
@@ -374,14 +415,41 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_write_is_retried_unless_replaced() {
+    fn a_failed_write_is_retried_with_backoff_and_a_newer_status_keeps_it() {
         let now = Instant::now();
         let mut q = Queue::default();
         q.retry_status(key("a"), write("first", now + SETTLING), now);
-        assert_eq!(popped_status(&mut q, now), ("a".into(), json!("first")));
+        // Not at once: a second after the first failure.
+        assert_eq!(q.pop(now).err(), Some(Some(now + RETRY)));
+        let (k, w) = match q.pop(now + RETRY) {
+            Ok(Work::Status(k, w)) => (k, w),
+            _ => panic!("the retry is due after {RETRY:?}"),
+        };
+        assert_eq!(w.failures, 1);
+        // It fails again: two seconds.
+        q.retry_status(k, w, now);
+        assert_eq!(q.pop(now).err(), Some(Some(now + 2 * RETRY)));
+        // A newer status replacing a failing one is written when the backoff ends, not at once.
         q.push_status(key("a"), write("newer", now));
-        q.retry_status(key("a"), write("first", now), now);
-        assert_eq!(popped_status(&mut q, now), ("a".into(), json!("newer")));
+        assert_eq!(q.pop(now).err(), Some(Some(now + 2 * RETRY)));
+        assert_eq!(
+            popped_status(&mut q, now + 2 * RETRY),
+            ("a".into(), json!("newer"))
+        );
         assert!(q.is_empty());
+        // A write that failed while a newer status waited hands its backoff to that one.
+        q.push_status(key("b"), write("newer", now));
+        q.retry_status(key("b"), write("older", now), now);
+        assert_eq!(
+            popped_status(&mut q, now + RETRY),
+            ("b".into(), json!("newer"))
+        );
+    }
+
+    #[test]
+    fn the_backoff_doubles_to_five_minutes() {
+        let waits: Vec<u64> = (1..=12).map(|n| retry_after(n).as_secs()).collect();
+        assert_eq!(waits, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300, 300]);
+        assert_eq!(retry_after(u32::MAX), MAX_RETRY);
     }
 }

@@ -67,21 +67,55 @@ pub(crate) fn child_ready(kind: &str, live: Option<&LiveChild>) -> (bool, String
     }
 }
 
+/// Something that keeps a resource from being Ready besides children still settling.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Problem {
+    /// A short CamelCase reason (`ChildConflict`, `ApplyFailed`, `PruneFailed`, a render's).
+    pub reason: String,
+    /// What happened, naming the object or field.
+    pub message: String,
+    /// Whether the operator tries again by itself (`Reconciling`) or a person must act first
+    /// (`Stalled`).
+    pub retrying: bool,
+}
+
 /// The outcome of a reconciliation, as status.
-#[derive(Debug, Clone)]
-pub(crate) enum Outcome {
-    /// Rendered and applied; ready when every child is.
-    Applied {
-        children: Vec<Child>,
-        skipped: Vec<Skipped>,
-    },
-    /// Nothing (or not everything) could be applied; a person must act.
-    Stalled {
-        reason: String,
-        message: String,
-        children: Vec<Child>,
-        skipped: Vec<Skipped>,
-    },
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Outcome {
+    /// The children applied (or left as they are), each ready or not.
+    pub children: Vec<Child>,
+    /// The children not applied, and why.
+    pub skipped: Vec<Skipped>,
+    /// What keeps the resource from being Ready, if anything.
+    pub problems: Vec<Problem>,
+}
+
+impl Outcome {
+    /// Whether a person must act before the resource can become Ready.
+    pub(crate) fn stalled(&self) -> bool {
+        self.problems.iter().any(|p| !p.retrying)
+    }
+
+    /// Whether the status says the children are still settling (applied, not all ready).
+    pub(crate) fn settling(&self) -> bool {
+        self.problems.is_empty() && self.children.iter().any(|c| !c.ready)
+    }
+}
+
+/// The longest condition message written; the API server refuses more than 32 KiB, and a person
+/// reads the first lines (the events and the logs have each problem in full).
+const MAX_MESSAGE: usize = 4096;
+
+/// `message`, cut at [`MAX_MESSAGE`] bytes on a character boundary, saying so.
+pub(crate) fn bounded(message: &str) -> String {
+    if message.len() <= MAX_MESSAGE {
+        return message.to_owned();
+    }
+    let mut end = MAX_MESSAGE;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} more bytes)", &message[..end], message.len() - end)
 }
 
 fn condition(
@@ -125,47 +159,47 @@ pub(crate) fn status(
         .to_string();
     let previous = current.and_then(|s| s.get("conditions"));
     // Ready, Reconciling and Stalled all follow from three facts: ready, stalled, and why.
-    let (is_ready, stalled, reason, message, children, skipped) = match outcome {
-        Outcome::Applied { children, skipped } => {
-            let waiting: Vec<String> = children
-                .iter()
-                .filter(|c| !c.ready)
-                .map(|c| format!("{} {}: {}", c.kind, c.name, c.message))
-                .collect();
-            let summary = if waiting.is_empty() {
-                let mut m = format!("{} children ready", children.len());
-                if !skipped.is_empty() {
-                    m.push_str(&format!("; {} skipped (see status.skipped)", skipped.len()));
-                }
-                m
-            } else {
-                format!("waiting for {}", waiting.join("; "))
-            };
-            let ready = waiting.is_empty();
-            let reason = if ready { "Ready" } else { "Progressing" };
-            (ready, false, reason, summary, children, skipped)
-        }
-        Outcome::Stalled {
-            reason,
-            message,
-            children,
-            skipped,
-        } => (
-            false,
-            true,
-            reason.as_str(),
-            message.clone(),
-            children,
-            skipped,
-        ),
+    let Outcome {
+        children,
+        skipped,
+        problems,
+    } = outcome;
+    let stalled = outcome.stalled();
+    let (is_ready, reason, message) = if let Some(first) = problems.first() {
+        let message = problems
+            .iter()
+            .map(|p| p.message.as_str())
+            .collect::<Vec<_>>()
+            .join("; ");
+        (false, first.reason.as_str(), message)
+    } else {
+        let waiting: Vec<String> = children
+            .iter()
+            .filter(|c| !c.ready)
+            .map(|c| format!("{} {}: {}", c.kind, c.name, c.message))
+            .collect();
+        let summary = if waiting.is_empty() {
+            let mut m = format!("{} children ready", children.len());
+            if !skipped.is_empty() {
+                m.push_str(&format!("; {} skipped (see status.skipped)", skipped.len()));
+            }
+            m
+        } else {
+            format!("waiting for {}", waiting.join("; "))
+        };
+        let ready = waiting.is_empty();
+        (ready, if ready { "Ready" } else { "Progressing" }, summary)
     };
+    let message = bounded(&message);
     let cond = |type_: &str, status: bool, reason: &str, message: &str| {
         condition(type_, status, reason, message, generation, previous, &now)
     };
     let (stalled_reason, stalled_message) = if stalled {
         (reason, message.as_str())
-    } else {
+    } else if problems.is_empty() {
         ("Applied", "children applied")
+    } else {
+        ("Retrying", "the operator retries by itself")
     };
     let conditions = [
         cond("Ready", is_ready, reason, &message),
@@ -251,9 +285,9 @@ mod tests {
             ready: true,
             message: "exists".into(),
         }];
-        let outcome = Outcome::Applied {
+        let outcome = Outcome {
             children,
-            skipped: vec![],
+            ..Outcome::default()
         };
         let first = status(&outcome, 1, None, "p");
         assert_eq!(first["conditions"][0]["status"], "True");
@@ -269,5 +303,71 @@ mod tests {
             Some(&json!({ "a": 1 }))
         ));
         assert!(!same(&json!({ "a": 1 }), Some(&json!({ "a": 2 }))));
+    }
+
+    #[test]
+    fn a_problem_a_person_must_fix_stalls_and_one_being_retried_reconciles() {
+        let problem = |reason: &str, retrying| Problem {
+            reason: reason.into(),
+            message: format!("{reason} happened"),
+            retrying,
+        };
+        let conds = |o: &Outcome| {
+            let s = status(o, 3, None, "p");
+            let get = |t: &str| {
+                let c = s["conditions"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|c| c["type"] == t)
+                    .unwrap()
+                    .clone();
+                (
+                    c["status"].as_str().unwrap().to_owned(),
+                    c["reason"].as_str().unwrap().to_owned(),
+                )
+            };
+            (get("Ready"), get("Reconciling"), get("Stalled"))
+        };
+        let conflict = Outcome {
+            problems: vec![problem("ChildConflict", false)],
+            ..Outcome::default()
+        };
+        let (ready, reconciling, stalled) = conds(&conflict);
+        assert_eq!(ready, ("False".into(), "ChildConflict".into()));
+        assert_eq!(reconciling.0, "False");
+        assert_eq!(stalled, ("True".into(), "ChildConflict".into()));
+        let prune = Outcome {
+            problems: vec![problem("PruneFailed", true)],
+            ..Outcome::default()
+        };
+        let (ready, reconciling, stalled) = conds(&prune);
+        assert_eq!(ready, ("False".into(), "PruneFailed".into()));
+        assert_eq!(reconciling, ("True".into(), "PruneFailed".into()));
+        assert_eq!(stalled, ("False".into(), "Retrying".into()));
+        // Both: a person must act.
+        let both = Outcome {
+            problems: vec![
+                problem("PruneFailed", true),
+                problem("ChildConflict", false),
+            ],
+            ..Outcome::default()
+        };
+        assert_eq!(conds(&both).2.0, "True");
+        let s = status(&both, 3, None, "p");
+        let message = s["conditions"][0]["message"].as_str().unwrap();
+        assert!(
+            message.contains("PruneFailed happened; ChildConflict happened"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn long_messages_are_cut_on_a_character_boundary() {
+        let long = "é".repeat(5000);
+        let cut = bounded(&long);
+        assert!(cut.len() < MAX_MESSAGE + 64, "{}", cut.len());
+        assert!(cut.ends_with("more bytes)"), "{cut}");
+        assert_eq!(bounded("short"), "short");
     }
 }

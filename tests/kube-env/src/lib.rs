@@ -392,7 +392,8 @@ impl ControlPlane {
             // kwok nodes send no heartbeats, so the node lifecycle controller is off; the taint
             // this plugin puts on new nodes would then never be lifted.
             "--disable-admission-plugins=TaintNodesByCondition".into(),
-            "--enable-priority-and-fairness=false".into(),
+            // API Priority and Fairness stays on, as in production clusters: the operator's
+            // requests are queued and limited as they would be there.
             // Off by default in 1.36; with them off the server silently drops these projected
             // volume sources, so the tests turn them on to judge every source we pass through.
             "--feature-gates=ClusterTrustBundle=true,ClusterTrustBundleProjection=true,PodCertificateRequest=true".into(),

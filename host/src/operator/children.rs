@@ -1,0 +1,443 @@
+//! The children as the operator sees them: one watch per child kind, the index of who controls
+//! what, the applies in flight, and the resources waiting on an object they may not take.
+//!
+//! Every object of a child kind is watched, not only those carrying our label: an object that a
+//! person made by hand, or that another resource controls, must be seen before anything is
+//! applied over it (see `reconcile::plan`). Objects without our ownership label are kept as their
+//! name, uid and owner references only, so a busy cluster's other objects cost little.
+//!
+//! Ownership is the controller owner reference, never the label: anyone can copy a label, while
+//! only the API server's garbage collector acts on owner references, so that is what decides
+//! which objects a resource may prune.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use futures::channel::mpsc;
+use kube::api::{Api, DynamicObject};
+use kube::discovery::ApiResource;
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{WatchStreamExt, watcher};
+
+use super::{
+    FirstList, FirstListDone, LiveChild, OWNER_LABEL, Settings, Shared, lock, watch_health,
+};
+use crate::registry::split_api_version;
+
+/// A child kind's key: `group/Kind`. Versions of one kind are one set of objects, so the
+/// index, the watches and the record of applies are keyed without the version.
+pub(crate) fn kind_key(api_version: &str, kind: &str) -> String {
+    let (group, _) = split_api_version(api_version);
+    format!("{group}/{kind}")
+}
+
+/// A child: its kind key ([`kind_key`]), namespace and name.
+pub(crate) type ChildId = (String, String, String);
+
+/// The uid in `o`'s controller owner reference, if it has one.
+pub(crate) fn controller_uid(o: &LiveChild) -> Option<&str> {
+    o.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|r| r.controller == Some(true))
+        .map(|r| r.uid.as_str())
+}
+
+/// The key of a child in `Shared::applied` and [`Applies`]: its owner's uid, kind key and name.
+pub(crate) fn applied_key(owner_uid: &str, kind_key: &str, name: &str) -> String {
+    format!("{owner_uid}/{kind_key}/{name}")
+}
+
+/// The children being applied right now (keys from [`applied_key`]), each with the
+/// resourceVersions the watch showed of it meanwhile: the apply's own echo among them is no
+/// news, anything else is. Reports give way while it is not empty.
+#[derive(Default)]
+pub(crate) struct Applies {
+    children: Mutex<BTreeMap<String, Vec<String>>>,
+    /// Woken when the last apply in flight ends.
+    pub done: tokio::sync::Notify,
+}
+
+/// Applies begun together; see [`Applies::begin`].
+pub(crate) struct Batch<'a> {
+    applies: &'a Applies,
+    keys: Vec<String>,
+}
+
+impl Applies {
+    /// Marks `keys` as being applied until the batch is finished or dropped.
+    pub(crate) fn begin(&self, keys: Vec<String>) -> Batch<'_> {
+        let mut children = lock(&self.children);
+        for key in &keys {
+            children.insert(key.clone(), Vec::new());
+        }
+        Batch {
+            applies: self,
+            keys,
+        }
+    }
+
+    /// Records that the watch showed `key` at `resource_version`; false when `key` is not
+    /// being applied.
+    pub(crate) fn saw(&self, key: &str, resource_version: Option<&str>) -> bool {
+        let mut children = lock(&self.children);
+        let Some(seen) = children.get_mut(key) else {
+            return false;
+        };
+        seen.extend(resource_version.map(str::to_owned));
+        true
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        lock(&self.children).is_empty()
+    }
+
+    fn end(&self, keys: &[String]) -> BTreeMap<String, Vec<String>> {
+        let mut children = lock(&self.children);
+        let ended = keys
+            .iter()
+            .filter_map(|k| children.remove_entry(k))
+            .collect();
+        if children.is_empty() {
+            self.done.notify_waiters();
+        }
+        ended
+    }
+}
+
+impl Batch<'_> {
+    /// Ends the batch: what the watch showed of each child while it was applied.
+    pub(crate) fn finish(mut self) -> BTreeMap<String, Vec<String>> {
+        let keys = std::mem::take(&mut self.keys);
+        self.applies.end(&keys)
+    }
+}
+
+impl Drop for Batch<'_> {
+    fn drop(&mut self) {
+        if !self.keys.is_empty() {
+            self.applies.end(&self.keys);
+        }
+    }
+}
+
+/// The children the watches show, by the uid of their controller owner reference, so that a
+/// reconciliation finds its own without scanning every child.
+#[derive(Debug, Default)]
+pub(crate) struct OwnerIndex {
+    by_owner: BTreeMap<String, BTreeSet<ChildId>>,
+    owner_of: BTreeMap<ChildId, String>,
+}
+
+impl OwnerIndex {
+    /// Records that `child` is controlled by the object with uid `owner` (or by nothing).
+    pub(crate) fn set(&mut self, child: ChildId, owner: Option<&str>) {
+        self.remove(&child);
+        if let Some(owner) = owner {
+            self.by_owner
+                .entry(owner.to_owned())
+                .or_default()
+                .insert(child.clone());
+            self.owner_of.insert(child, owner.to_owned());
+        }
+    }
+
+    pub(crate) fn remove(&mut self, child: &ChildId) {
+        if let Some(owner) = self.owner_of.remove(child)
+            && let Some(set) = self.by_owner.get_mut(&owner)
+        {
+            set.remove(child);
+            if set.is_empty() {
+                self.by_owner.remove(&owner);
+            }
+        }
+    }
+
+    /// Forgets every child of one kind (before a relist of it).
+    pub(crate) fn clear_kind(&mut self, kind_key: &str) {
+        let gone: Vec<ChildId> = self
+            .owner_of
+            .keys()
+            .filter(|(k, _, _)| k == kind_key)
+            .cloned()
+            .collect();
+        for child in &gone {
+            self.remove(child);
+        }
+    }
+
+    /// The children whose controller is `owner`.
+    pub(crate) fn owned_by(&self, owner: &str) -> Vec<ChildId> {
+        self.by_owner
+            .get(owner)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+/// A resource to reconcile: the `apiVersion/Kind` of its controller, its namespace and name.
+pub(crate) type OwnerId = (String, String, String);
+
+/// The resources that wanted an object they may not take (another controls it, or nobody), by
+/// that object: when it changes or goes away, they are reconciled again at once.
+#[derive(Debug, Default)]
+pub(crate) struct Waiting(BTreeMap<ChildId, BTreeSet<OwnerId>>);
+
+impl Waiting {
+    /// Records that `owner` waits on `child`.
+    pub(crate) fn wait(&mut self, child: ChildId, owner: OwnerId) {
+        self.0.entry(child).or_default().insert(owner);
+    }
+
+    /// The resources waiting on `child`, who stop waiting (a reconciliation that still finds
+    /// it in the way waits again).
+    pub(crate) fn take(&mut self, child: &ChildId) -> BTreeSet<OwnerId> {
+        self.0.remove(child).unwrap_or_default()
+    }
+}
+
+/// Each served Kind's controller by `apiVersion/Kind`: its discovered resource and its trigger.
+pub(crate) type Owners =
+    Arc<Mutex<BTreeMap<String, (ApiResource, mpsc::UnboundedSender<ObjectRef<DynamicObject>>)>>>;
+
+/// A child kind to watch: the resource (one of its versions) and the store to fill.
+pub(crate) type Writer = (String, ApiResource, reflector::store::Writer<LiveChild>);
+
+/// Keeps only what reconciliation reads of an object that does not carry our ownership label:
+/// its name, uid, resourceVersion and owner references say whether it is in the way.
+fn trim_foreign(o: &mut LiveChild) {
+    let ours = o
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(OWNER_LABEL));
+    if !ours {
+        o.metadata.labels = None;
+        o.metadata.annotations = None;
+        o.status = None;
+    }
+}
+
+/// Watches every object of every served child kind, keeps the caches and the owner index that
+/// reconciliation reads, and wakes the controller of a child's owner (and any resource waiting
+/// on it) when the child changes.
+pub(crate) fn watch_children(
+    shared: &Arc<Shared>,
+    writers: Vec<Writer>,
+    settings: &Settings,
+) -> (Owners, Vec<(String, FirstListDone)>) {
+    let owners: Owners = Arc::new(Mutex::new(BTreeMap::new()));
+    let mut listed = Vec::new();
+    for (kind_key, child_ar, writer) in writers {
+        let api: Api<LiveChild> = match &settings.namespace {
+            Some(ns) => Api::namespaced_with(shared.client.clone(), ns, &child_ar),
+            None => Api::all_with(shared.client.clone(), &child_ar),
+        };
+        let config = watcher::Config::default().any_semantic();
+        let (first_list, done) = FirstList::new();
+        listed.push((kind_key.clone(), done));
+        let health = (shared.metrics.clone(), kind_key.clone());
+        let stream = reflector::reflector(writer, watcher(api, config).modify(trim_foreign))
+            .inspect(first_list.observer())
+            .inspect(move |event| watch_health(&health.0, &health.1, event))
+            .default_backoff();
+        let owners = owners.clone();
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let id = |o: &LiveChild| -> ChildId {
+                (
+                    kind_key.clone(),
+                    o.metadata.namespace.clone().unwrap_or_default(),
+                    o.metadata.name.clone().unwrap_or_default(),
+                )
+            };
+            futures::pin_mut!(stream);
+            while let Some(event) = stream.next().await {
+                let o = match event {
+                    // A relist (after the API server went away, say) shows what changed meanwhile
+                    // as InitApply: it wakes the owner as a change would.
+                    Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
+                        let child = id(&o);
+                        let controller = controller_uid(&o);
+                        lock(&shared.owned).set(child.clone(), controller);
+                        wake(&owners, lock(&shared.waiting).take(&child));
+                        if let Some(owner) = controller {
+                            let key = applied_key(owner, &kind_key, &child.2);
+                            // While we apply it, the reconciliation applying it decides (see
+                            // `reconcile::apply`); the watch may show the result before the
+                            // apply returns.
+                            if shared
+                                .applies
+                                .saw(&key, o.metadata.resource_version.as_deref())
+                            {
+                                continue;
+                            }
+                            // Our own apply coming back through the watch: nothing to do.
+                            let echo = lock(&shared.applied)
+                                .get(&key)
+                                .is_some_and(|r| r.is_echo(&o));
+                            if echo {
+                                continue;
+                            }
+                        }
+                        o
+                    }
+                    Ok(watcher::Event::Delete(o)) => {
+                        let child = id(&o);
+                        lock(&shared.owned).remove(&child);
+                        wake(&owners, lock(&shared.waiting).take(&child));
+                        // Gone: the next reconciliation of its owner must apply it again.
+                        let mut applied = lock(&shared.applied);
+                        for owner in o.metadata.owner_references.iter().flatten() {
+                            applied.remove(&applied_key(&owner.uid, &kind_key, &child.2));
+                        }
+                        drop(applied);
+                        o
+                    }
+                    Ok(watcher::Event::Init) => {
+                        // A relist: deletions while the watch was down are not seen as such,
+                        // so forget every apply of this kind.
+                        let infix = format!("/{kind_key}/");
+                        lock(&shared.applied).retain(|k, _| !k.contains(&infix));
+                        lock(&shared.owned).clear_kind(&kind_key);
+                        continue;
+                    }
+                    Ok(watcher::Event::InitDone) => continue,
+                    // Counted and logged by `watch_health`.
+                    Err(_) => continue,
+                };
+                let owner_refs = o.metadata.owner_references.iter().flatten();
+                let namespace = o.metadata.namespace.clone().unwrap_or_default();
+                let controllers = owner_refs
+                    .filter(|r| r.controller == Some(true))
+                    .map(|r| {
+                        (
+                            format!("{}/{}", r.api_version, r.kind),
+                            namespace.clone(),
+                            r.name.clone(),
+                        )
+                    })
+                    .collect();
+                wake(&owners, controllers);
+            }
+        });
+    }
+    (owners, listed)
+}
+
+/// Asks the controller of each of `resources` (those of a Kind we serve) to reconcile it.
+fn wake(owners: &Owners, resources: BTreeSet<OwnerId>) {
+    if resources.is_empty() {
+        return;
+    }
+    let map = lock(owners);
+    for (kind, namespace, name) in resources {
+        if let Some((ar, tx)) = map.get(&kind) {
+            let mut r = ObjectRef::new_with(&name, ar.clone());
+            if !namespace.is_empty() {
+                r = r.within(&namespace);
+            }
+            let _ = tx.unbounded_send(r);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn child(kind: &str, name: &str) -> ChildId {
+        (format!("apps/{kind}"), "ns".into(), name.into())
+    }
+
+    #[test]
+    fn the_owner_index_follows_controllers_deletions_and_relists() {
+        let mut index = OwnerIndex::default();
+        index.set(child("Deployment", "web"), Some("uid-1"));
+        index.set(child("Service", "web"), Some("uid-1"));
+        index.set(child("Deployment", "db"), Some("uid-2"));
+        index.set(child("Deployment", "stray"), None);
+        assert_eq!(
+            index.owned_by("uid-1"),
+            vec![child("Deployment", "web"), child("Service", "web")]
+        );
+        // A controller reference moved to another owner moves the child.
+        index.set(child("Deployment", "web"), Some("uid-2"));
+        assert_eq!(index.owned_by("uid-1"), vec![child("Service", "web")]);
+        index.remove(&child("Service", "web"));
+        assert!(index.owned_by("uid-1").is_empty());
+        // A relist of one kind forgets that kind only.
+        index.set(child("Service", "db"), Some("uid-2"));
+        index.clear_kind("apps/Deployment");
+        assert_eq!(index.owned_by("uid-2"), vec![child("Service", "db")]);
+    }
+
+    #[test]
+    fn versions_of_one_kind_share_a_key() {
+        assert_eq!(
+            kind_key("autoscaling/v1", "HorizontalPodAutoscaler"),
+            kind_key("autoscaling/v2", "HorizontalPodAutoscaler")
+        );
+        assert_eq!(kind_key("v1", "Service"), "/Service");
+        assert_ne!(kind_key("v1", "Service"), kind_key("apps/v1", "Service"));
+    }
+
+    #[test]
+    fn only_the_controller_reference_makes_an_owner() {
+        let live = |refs: serde_json::Value| -> LiveChild {
+            serde_json::from_value(serde_json::json!({ "metadata": { "ownerReferences": refs } }))
+                .unwrap()
+        };
+        let r = |uid: &str, controller: bool| serde_json::json!({ "apiVersion": "v1", "kind": "X", "name": "x", "uid": uid, "controller": controller });
+        assert_eq!(controller_uid(&live(serde_json::json!([]))), None);
+        assert_eq!(
+            controller_uid(&live(serde_json::json!([r("a", false)]))),
+            None
+        );
+        assert_eq!(
+            controller_uid(&live(serde_json::json!([r("a", false), r("b", true)]))),
+            Some("b")
+        );
+    }
+
+    #[test]
+    fn objects_without_our_label_keep_only_what_says_who_owns_them() {
+        let mut foreign: LiveChild = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "web", "uid": "u", "labels": { "app": "web" },
+                "annotations": { "big": "x" }, "ownerReferences": [] },
+            "status": { "replicas": 1 },
+        }))
+        .unwrap();
+        trim_foreign(&mut foreign);
+        assert_eq!(foreign.metadata.labels, None);
+        assert_eq!(foreign.metadata.annotations, None);
+        assert!(foreign.status.is_none());
+        assert_eq!(foreign.metadata.uid.as_deref(), Some("u"));
+        let mut ours: LiveChild = serde_json::from_value(serde_json::json!({
+            "metadata": { "labels": { OWNER_LABEL: "u" }, "annotations": { "a": "b" } },
+            "status": { "replicas": 1 },
+        }))
+        .unwrap();
+        trim_foreign(&mut ours);
+        assert!(ours.metadata.annotations.is_some() && ours.status.is_some());
+    }
+
+    #[test]
+    fn waiting_resources_are_woken_once() {
+        let mut waiting = Waiting::default();
+        let owner = (
+            "hanzo.ai/v1/Service".to_owned(),
+            "ns".to_owned(),
+            "web".to_owned(),
+        );
+        waiting.wait(child("Service", "web"), owner.clone());
+        waiting.wait(child("Service", "web"), owner.clone());
+        assert_eq!(
+            waiting.take(&child("Service", "web")),
+            BTreeSet::from([owner])
+        );
+        assert!(waiting.take(&child("Service", "web")).is_empty());
+    }
+}
