@@ -150,6 +150,15 @@ pub fn status_schema() -> Value {
                         "name": { "type": "string" },
                         "ready": { "type": "boolean" },
                         "message": { "type": "string" },
+                        "applied": {
+                            "type": "object",
+                            "description": "What the operator's last apply of it left, so that a restarted operator writes nothing unchanged.",
+                            "properties": {
+                                "hash": { "type": "string", "description": "A hash of the object as applied." },
+                                "generation": { "type": "integer", "format": "int64", "description": "Its generation after the apply." },
+                                "resourceVersion": { "type": "string", "description": "Its resourceVersion after the apply, for kinds without a generation." },
+                            },
+                        },
                     },
                 },
             },

@@ -50,6 +50,48 @@ pub(crate) fn applied_key(owner_uid: &str, kind_key: &str, name: &str) -> String
     format!("{owner_uid}/{kind_key}/{name}")
 }
 
+/// What a child looked like after our last apply of it: the hash of what was applied, and the
+/// object's generation (its resourceVersion, for kinds without one) in the apply's answer. Kept
+/// in memory and in the owner's `status.children`, so that an operator that restarts finds what
+/// it applied and writes nothing that has not changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Applied {
+    pub hash: u64,
+    pub generation: Option<i64>,
+    pub resource_version: Option<String>,
+}
+
+impl Applied {
+    /// Whether `live` is exactly what our apply left (its echo through the watch).
+    pub(crate) fn is_echo(&self, live: &LiveChild) -> bool {
+        self.resource_version.is_some() && live.metadata.resource_version == self.resource_version
+    }
+
+    /// The record as `status.children[].applied` holds it.
+    pub(crate) fn to_status(&self) -> serde_json::Value {
+        let mut v = serde_json::json!({ "hash": format!("{:016x}", self.hash) });
+        match (self.generation, &self.resource_version) {
+            (Some(g), _) => v["generation"] = g.into(),
+            (None, Some(rv)) => v["resourceVersion"] = rv.clone().into(),
+            (None, None) => {}
+        }
+        v
+    }
+
+    /// The record read back from `status.children[].applied`.
+    pub(crate) fn from_status(v: &serde_json::Value) -> Option<Self> {
+        let hash = u64::from_str_radix(v.get("hash")?.as_str()?, 16).ok()?;
+        Some(Self {
+            hash,
+            generation: v.get("generation").and_then(serde_json::Value::as_i64),
+            resource_version: v
+                .get("resourceVersion")
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_owned),
+        })
+    }
+}
+
 /// The children being applied right now (keys from [`applied_key`]), each with the
 /// resourceVersions the watch showed of it meanwhile: the apply's own echo among them is no
 /// news, anything else is. Reports give way while it is not empty.
@@ -422,6 +464,33 @@ mod tests {
         .unwrap();
         trim_foreign(&mut ours);
         assert!(ours.metadata.annotations.is_some() && ours.status.is_some());
+    }
+
+    #[test]
+    fn an_apply_record_survives_the_round_trip_through_status() {
+        for record in [
+            Applied {
+                hash: u64::MAX,
+                generation: Some(3),
+                resource_version: Some("9".into()),
+            },
+            Applied {
+                hash: 7,
+                generation: None,
+                resource_version: Some("9".into()),
+            },
+        ] {
+            let back = Applied::from_status(&record.to_status()).unwrap();
+            assert_eq!(back.hash, record.hash);
+            assert_eq!(back.generation, record.generation);
+            if record.generation.is_none() {
+                assert_eq!(back.resource_version, record.resource_version);
+            }
+        }
+        assert_eq!(
+            Applied::from_status(&serde_json::json!({ "hash": "zz" })),
+            None
+        );
     }
 
     #[test]

@@ -115,7 +115,7 @@ pub(crate) struct Shared {
     /// The watch of each child kind the cluster serves, by `group/Kind` ([`children::kind_key`]).
     pub watched: BTreeMap<String, Watched>,
     /// What each child looked like after our last apply, to skip writes when nothing changed.
-    pub applied: Mutex<BTreeMap<String, reconcile::Applied>>,
+    pub applied: Mutex<BTreeMap<String, children::Applied>>,
     /// Children being applied right now.
     pub applies: Arc<Applies>,
     /// Which children each resource controls (by its uid).

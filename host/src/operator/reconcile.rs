@@ -24,7 +24,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 
-use super::children::{ChildId, applied_key, controller_uid, kind_key};
+use super::children::{Applied, ChildId, applied_key, controller_uid, kind_key};
 use super::metrics::{ControllerLabels, FailureLabels, Metrics, PluginLabels, ResultLabels};
 use super::report::{self, Key};
 use super::status::{self, Child, Outcome, Problem, Skipped};
@@ -39,21 +39,6 @@ const RESYNC: Duration = Duration::from_secs(600);
 /// controller owns (made by hand, or left by an earlier operator). Objects another controller
 /// owns are never taken.
 pub const ADOPT_ANNOTATION: &str = "wasm-operator.dev/adopt";
-
-/// What a child looked like after our last apply of it.
-#[derive(Debug, Clone)]
-pub(crate) struct Applied {
-    hash: u64,
-    generation: Option<i64>,
-    resource_version: Option<String>,
-}
-
-impl Applied {
-    /// Whether `live` is exactly what our apply left (its echo through the watch).
-    pub(crate) fn is_echo(&self, live: &LiveChild) -> bool {
-        self.resource_version.is_some() && live.metadata.resource_version == self.resource_version
-    }
-}
 
 /// Why a reconciliation failed; it is retried with backoff (see [`error_policy`]).
 #[derive(Debug, thiserror::Error)]
@@ -198,6 +183,9 @@ pub(crate) struct Owner {
     pub controller_kind: String,
     /// Whether it may adopt objects nobody controls ([`ADOPT_ANNOTATION`]).
     pub adopt: bool,
+    /// What its status says our last applies left, by kind key and name: after a restart, the
+    /// record of what is already in place.
+    pub recorded: BTreeMap<(String, String), Applied>,
 }
 
 impl Owner {
@@ -224,10 +212,26 @@ impl Owner {
             .annotations
             .get(ADOPT_ANNOTATION)
             .is_some_and(|v| v == "true");
+        let recorded = obj
+            .data
+            .get("status")
+            .and_then(|s| s.get("children"))
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|c| {
+                let api_version = c.get("apiVersion")?.as_str()?;
+                let kind = c.get("kind")?.as_str()?;
+                let name = c.get("name")?.as_str()?;
+                let applied = Applied::from_status(c.get("applied")?)?;
+                Some(((kind_key(api_version, kind), name.to_owned()), applied))
+            })
+            .collect();
         Self {
             controller_kind: format!("{}/{}", ctx.ar.api_version, ctx.ar.kind),
             resource,
             adopt,
+            recorded,
         }
     }
 
@@ -396,6 +400,8 @@ pub(crate) struct Planned {
     pub write: Write,
     /// Whether writing it changes it (for the `Applied` event).
     pub changed: bool,
+    /// What our last apply of it left (in memory, else in the resource's status).
+    pub previous: Option<Applied>,
     /// For a child left as it is whose readiness counts, the watch's copy.
     pub live: Option<Arc<LiveChild>>,
 }
@@ -496,7 +502,9 @@ pub(crate) fn plan(objects: Vec<Value>, owner: &Owner, view: &impl View) -> Plan
         let h = hash(&child);
         let cache_key = applied_key(&r.uid, &key, &name);
         let live = view.live(&key, &r.namespace, &name);
-        let previous = view.applied(&cache_key);
+        let previous = view
+            .applied(&cache_key)
+            .or_else(|| owner.recorded.get(&(key.clone(), name.clone())).cloned());
         let write = match live.as_deref() {
             Some(l) => match (control(l, &r.uid), owner.adopt) {
                 (Control::Us, _) | (Control::Nobody, true) => {
@@ -534,7 +542,7 @@ pub(crate) fn plan(objects: Vec<Value>, owner: &Owner, view: &impl View) -> Plan
             None if previous.as_ref().is_some_and(|p| p.hash == h) => Write::Skip,
             None => Write::Create,
         };
-        let changed = previous.is_none_or(|p| p.hash != h) || live.is_none();
+        let changed = previous.as_ref().is_none_or(|p| p.hash != h) || live.is_none();
         // A child left as it is reports readiness from the watch's copy.
         let live = live.filter(|_| write == Write::Skip && status::reports_readiness(&kind));
         plan.children.push(Planned {
@@ -547,6 +555,7 @@ pub(crate) fn plan(objects: Vec<Value>, owner: &Owner, view: &impl View) -> Plan
             cache_key,
             write,
             changed,
+            previous,
             live,
         });
     }
@@ -695,6 +704,7 @@ async fn apply(
     let seen_meanwhile = batch.finish();
     let mut out = ApplyReport::default();
     for (planned, result) in plan.children.iter().zip(results) {
+        let mut record = planned.previous.clone();
         let live_object = match result {
             Ok(answer) => {
                 if let Some(answer) = &answer {
@@ -702,14 +712,13 @@ async fn apply(
                         seen.iter()
                             .any(|rv| Some(rv) != answer.metadata.resource_version.as_ref())
                     });
-                    lock(&shared.applied).insert(
-                        planned.cache_key.clone(),
-                        Applied {
-                            hash: planned.hash,
-                            generation: answer.metadata.generation,
-                            resource_version: answer.metadata.resource_version.clone(),
-                        },
-                    );
+                    let now = Applied {
+                        hash: planned.hash,
+                        generation: answer.metadata.generation,
+                        resource_version: answer.metadata.resource_version.clone(),
+                    };
+                    lock(&shared.applied).insert(planned.cache_key.clone(), now.clone());
+                    record = Some(now);
                     if planned.changed {
                         out.changed
                             .push(format!("{} {}", planned.kind, planned.name));
@@ -749,6 +758,7 @@ async fn apply(
             name: planned.name.clone(),
             ready,
             message,
+            applied: record,
         });
     }
     Ok(out)
@@ -1067,6 +1077,7 @@ mod tests {
             },
             controller_kind: "hanzo.ai/v1/Service".into(),
             adopt,
+            recorded: BTreeMap::new(),
         }
     }
 
@@ -1183,6 +1194,14 @@ mod tests {
         );
         let second = plan(vec![service("web")], &owner(false), &c);
         assert_eq!(second.children[0].write, Write::Skip);
+        // After a restart the memory is empty; the record in the resource's status serves.
+        let record = c.applied.remove(&p.cache_key).unwrap();
+        let mut restarted = owner(false);
+        restarted
+            .recorded
+            .insert(("/Service".into(), "web".into()), record);
+        let third = plan(vec![service("web")], &restarted, &c);
+        assert_eq!(third.children[0].write, Write::Skip);
     }
 
     #[test]

@@ -13,6 +13,8 @@ pub(crate) struct Child {
     pub name: String,
     pub ready: bool,
     pub message: String,
+    /// What our last apply of it left, if we know.
+    pub applied: Option<super::children::Applied>,
 }
 
 /// A child that was not applied, and why.
@@ -209,9 +211,15 @@ pub(crate) fn status(
     json!({
         "observedGeneration": generation,
         "conditions": conditions,
-        "children": children.iter().map(|c| json!({
-            "apiVersion": c.api_version, "kind": c.kind, "name": c.name, "ready": c.ready, "message": c.message,
-        })).collect::<Vec<_>>(),
+        "children": children.iter().map(|c| {
+            let mut child = json!({
+                "apiVersion": c.api_version, "kind": c.kind, "name": c.name, "ready": c.ready, "message": c.message,
+            });
+            if let Some(applied) = &c.applied {
+                child["applied"] = applied.to_status();
+            }
+            child
+        }).collect::<Vec<_>>(),
         "skipped": skipped.iter().map(|s| json!({
             "apiVersion": s.api_version, "kind": s.kind, "name": s.name, "reason": s.reason,
         })).collect::<Vec<_>>(),
@@ -284,6 +292,7 @@ mod tests {
             name: "a".into(),
             ready: true,
             message: "exists".into(),
+            applied: None,
         }];
         let outcome = Outcome {
             children,

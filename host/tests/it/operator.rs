@@ -929,3 +929,46 @@ spec:
     assert!(ok, "{out}");
     op.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_with_nothing_changed_writes_nothing() {
+    let cp = cluster();
+    let _logs = cp.logs_on_failure();
+    let client = cp.client().await.unwrap();
+    let ns = cp.namespace(&client, "restart").await.unwrap();
+    let first = Operator::start(cp, &ns, "hanzo.ai", &[]).await;
+    apply(cp, &ns, WEB);
+    apply(
+        cp,
+        &ns,
+        "apiVersion: hanzo.ai/v1\nkind: SQL\nmetadata: {name: db}\nspec:\n  image: {repository: postgres, tag: '16'}\n  storage: {size: 1Gi}\n  credentialsSecret: db-credentials\n",
+    );
+    wait_ready(cp, &ns, "services.hanzo.ai/web");
+    wait_ready(cp, &ns, "sqls.hanzo.ai/db");
+    // Let the last statuses and events be written, then stop.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    first.stop().await;
+
+    // A new operator finds every child as it left it: what it applied is in each status.
+    let second = Operator::start(cp, &ns, "hanzo.ai", &[]).await;
+    eventually(
+        "the new operator to be ready",
+        Duration::from_secs(30),
+        || second.ready(),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let writes: Vec<String> = second
+        .scrape()
+        .lines()
+        .filter(|l| l.starts_with("wasm_operator_api_writes_total{"))
+        .map(str::to_owned)
+        .collect();
+    assert!(writes.is_empty(), "writes after a restart: {writes:?}");
+    let reconciled = second
+        .scrape()
+        .lines()
+        .any(|l| l.starts_with("controller_runtime_reconcile_total{") && !l.ends_with(" 0"));
+    assert!(reconciled, "the new operator reconciled nothing");
+    second.stop().await;
+}
