@@ -108,9 +108,13 @@ pub struct PluginArgs {
     /// How much memory one plugin call may use, such as 64Mi.
     #[arg(long, default_value = "64Mi", value_parser = parse_bytes)]
     pub plugin_memory: usize,
-    /// How many bytes of manifests one render may return, such as 4Mi.
+    /// How many bytes of manifests one render may return, such as 4Mi; also the largest error it
+    /// may return.
     #[arg(long, default_value = "4Mi", value_parser = parse_bytes)]
     pub plugin_output: usize,
+    /// How many manifests one render may return.
+    #[arg(long, default_value_t = 1000)]
+    pub plugin_max_manifests: usize,
     /// Where compiled plugins are cached (default: $WASM_OPERATOR_CACHE/components, else
     /// ~/.cache/wasm-operator/components).
     #[arg(long, value_name = "DIR")]
@@ -129,13 +133,19 @@ impl PluginArgs {
         }
     }
 
-    /// Sets up the runtime and loads the plugins.
-    pub fn registry(&self) -> Result<Registry, Error> {
-        let limits = Limits {
+    /// The limits every plugin call runs under.
+    pub fn limits(&self) -> Limits {
+        Limits {
             deadline: self.plugin_timeout,
             memory_bytes: self.plugin_memory,
             output_bytes: self.plugin_output,
-        };
+            max_manifests: self.plugin_max_manifests,
+        }
+    }
+
+    /// Sets up the runtime and loads the plugins.
+    pub fn registry(&self) -> Result<Registry, Error> {
+        let limits = self.limits();
         let cache = if self.no_cache {
             None
         } else {
@@ -392,5 +402,32 @@ mod tests {
         assert_eq!(parse_bytes("4MiB").unwrap(), 4 << 20);
         assert_eq!(parse_bytes("100").unwrap(), 100);
         assert!(parse_bytes("1Pi").is_err());
+    }
+
+    fn limits(args: &[&str]) -> Limits {
+        let cli = Cli::try_parse_from([&["host", "render"], args, &["-"]].concat()).unwrap();
+        match cli.command {
+            Command::Render(render) => render.plugins.limits(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_plugin_flags_set_every_limit_and_default_to_the_library_defaults() {
+        assert_eq!(limits(&[]), Limits::default());
+        assert_eq!(
+            limits(&[
+                "--plugin-timeout=2s",
+                "--plugin-memory=32Mi",
+                "--plugin-output=1Mi",
+                "--plugin-max-manifests=50",
+            ]),
+            Limits {
+                deadline: Duration::from_secs(2),
+                memory_bytes: 32 << 20,
+                output_bytes: 1 << 20,
+                max_manifests: 50,
+            }
+        );
     }
 }

@@ -3,30 +3,47 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// The longest field path of a render error that is kept (bytes); the rest is cut with a note.
+///
+/// Field paths are short (`spec.ports[1].containerPort`); a longer one is a guest misbehaving.
+pub const MAX_ERROR_FIELD: usize = 512;
+
+/// The longest message of a plugin error that is kept (bytes); the rest is cut with a note.
+///
+/// Messages end up in status conditions, whose `message` the API server caps at 32 KiB, and in
+/// events and logs. 4 KiB is far more than any real explanation needs, and leaves room for the
+/// plugin's name, the resource and the field in the same condition.
+pub const MAX_ERROR_MESSAGE: usize = 4 << 10;
+
 /// What went wrong inside a plugin call. Each is reported on the resource being rendered; none
-/// stops the host.
+/// stops the host. [`PluginError::transient`] tells whether retrying the same call may succeed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PluginError {
     /// The call ran past its deadline.
     #[error("ran past its deadline of {0:?} and was stopped")]
     Deadline(Duration),
-    /// The call tried to grow memory past the cap.
+    /// The call tried to grow its memories, counted together, past the cap.
     #[error(
-        "tried to grow its memory to {tried} bytes, over the cap of {limit} bytes, and was stopped"
+        "tried to grow its memory to {tried} bytes (all its linear memories together), over the cap of {limit} bytes, and was stopped"
     )]
     Memory {
         /// The cap.
         limit: usize,
-        /// The size it asked for.
+        /// The total size it asked for.
         tried: usize,
     },
+    /// No instance could be made: the host's instance pool was exhausted by calls running at the
+    /// same time. The plugin never ran.
+    #[error("could not be started, too many plugin calls are running at once: {0}")]
+    Busy(String),
     /// The guest panicked.
     #[error("{0}")]
     Panic(String),
     /// Any other trap.
     #[error("trapped: {0}")]
     Trap(String),
-    /// The guest refused the resource.
+    /// The guest refused the resource. Both strings are cut to [`MAX_ERROR_FIELD`] and
+    /// [`MAX_ERROR_MESSAGE`] bytes.
     #[error("{}", if field.is_empty() { message.clone() } else { format!("{field}: {message}") })]
     Render {
         /// The field to blame.
@@ -34,11 +51,27 @@ pub enum PluginError {
         /// Why.
         message: String,
     },
+    /// The guest returned an error (field and message) larger than the output cap.
+    #[error("returned an error of {bytes} bytes, over the cap of {limit} bytes")]
+    ErrorTooLarge {
+        /// The size of the field and message together.
+        bytes: usize,
+        /// The cap (the output cap).
+        limit: usize,
+    },
     /// The guest returned more than the output cap.
     #[error("returned {bytes} bytes of manifests, over the cap of {limit} bytes")]
     OutputTooLarge {
         /// What it returned.
         bytes: usize,
+        /// The cap.
+        limit: usize,
+    },
+    /// The guest returned more manifests than one render may.
+    #[error("returned {count} manifests, over the cap of {limit}")]
+    TooManyManifests {
+        /// How many it returned.
+        count: usize,
         /// The cap.
         limit: usize,
     },
@@ -64,14 +97,54 @@ impl PluginError {
         match self {
             Self::Deadline(_) => "PluginTimeout",
             Self::Memory { .. } => "PluginMemoryExceeded",
+            Self::Busy(_) => "PluginBusy",
             Self::Panic(_) | Self::Trap(_) => "PluginTrapped",
             Self::Render { .. } => "InvalidSpec",
-            Self::OutputTooLarge { .. } | Self::BadManifest { .. } | Self::BadDescription(_) => {
-                "PluginMisbehaved"
-            }
+            Self::ErrorTooLarge { .. }
+            | Self::OutputTooLarge { .. }
+            | Self::TooManyManifests { .. }
+            | Self::BadManifest { .. }
+            | Self::BadDescription(_) => "PluginMisbehaved",
             Self::Guard(_) => "ChildRefused",
         }
     }
+
+    /// Whether the same call may succeed if retried, with nothing changed: the failure was not
+    /// the guest's doing. The pool being full says nothing about the plugin; a deadline may be
+    /// missed because the host's CPUs were busy elsewhere. Everything else follows from the
+    /// plugin and the resource alone (plugins are pure, and every call gets a fresh instance), so
+    /// it happens again until one of them changes.
+    pub fn transient(&self) -> bool {
+        match self {
+            Self::Busy(_) | Self::Deadline(_) => true,
+            Self::Memory { .. }
+            | Self::Panic(_)
+            | Self::Trap(_)
+            | Self::Render { .. }
+            | Self::ErrorTooLarge { .. }
+            | Self::OutputTooLarge { .. }
+            | Self::TooManyManifests { .. }
+            | Self::BadManifest { .. }
+            | Self::BadDescription(_)
+            | Self::Guard(_) => false,
+        }
+    }
+}
+
+/// `text` cut to its first `max` bytes (at a character boundary) and a note saying how much was
+/// left out, so that a guest cannot put megabytes into a status condition or a log line.
+pub(crate) fn bounded(mut text: String, max: usize) -> String {
+    if text.len() <= max {
+        return text;
+    }
+    let total = text.len();
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text.push_str(&format!("… ({} more bytes)", total - end));
+    text
 }
 
 /// The host's errors.
@@ -143,3 +216,91 @@ pub enum Error {
 
 /// The host's result.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn every_plugin_error() -> Vec<(PluginError, &'static str, bool)> {
+        let s = || "x".to_owned();
+        vec![
+            (
+                PluginError::Deadline(Duration::from_secs(1)),
+                "PluginTimeout",
+                true,
+            ),
+            (PluginError::Busy(s()), "PluginBusy", true),
+            (
+                PluginError::Memory { limit: 1, tried: 2 },
+                "PluginMemoryExceeded",
+                false,
+            ),
+            (PluginError::Panic(s()), "PluginTrapped", false),
+            (PluginError::Trap(s()), "PluginTrapped", false),
+            (
+                PluginError::Render {
+                    field: s(),
+                    message: s(),
+                },
+                "InvalidSpec",
+                false,
+            ),
+            (
+                PluginError::ErrorTooLarge { bytes: 2, limit: 1 },
+                "PluginMisbehaved",
+                false,
+            ),
+            (
+                PluginError::OutputTooLarge { bytes: 2, limit: 1 },
+                "PluginMisbehaved",
+                false,
+            ),
+            (
+                PluginError::TooManyManifests { count: 2, limit: 1 },
+                "PluginMisbehaved",
+                false,
+            ),
+            (
+                PluginError::BadManifest {
+                    index: 0,
+                    reason: s(),
+                },
+                "PluginMisbehaved",
+                false,
+            ),
+            (PluginError::BadDescription(s()), "PluginMisbehaved", false),
+            (PluginError::Guard(s()), "ChildRefused", false),
+        ]
+    }
+
+    #[test]
+    fn each_plugin_error_keeps_its_reason() {
+        for (error, reason, _) in every_plugin_error() {
+            assert_eq!(error.reason(), reason, "{error:?}");
+        }
+    }
+
+    #[test]
+    fn only_a_full_pool_and_a_missed_deadline_are_transient() {
+        for (error, _, transient) in every_plugin_error() {
+            assert_eq!(error.transient(), transient, "{error:?}");
+        }
+    }
+
+    #[test]
+    fn a_short_text_is_kept_whole() {
+        assert_eq!(bounded("short".to_owned(), 5), "short");
+        assert_eq!(bounded(String::new(), 0), "");
+    }
+
+    #[test]
+    fn a_long_text_is_cut_at_a_character_boundary_with_a_note() {
+        assert_eq!(bounded("abcdef".to_owned(), 4), "abcd… (2 more bytes)");
+        // `é` is two bytes: a cut through it keeps the whole characters before it.
+        assert_eq!(bounded("aéb".to_owned(), 2), "a… (3 more bytes)");
+        let cut = bounded("x".repeat(1 << 20), MAX_ERROR_MESSAGE);
+        assert!(cut.starts_with(&"x".repeat(MAX_ERROR_MESSAGE)));
+        assert!(cut.ends_with(&format!("… ({} more bytes)", (1 << 20) - MAX_ERROR_MESSAGE)));
+        assert!(cut.len() < MAX_ERROR_MESSAGE + 32);
+    }
+}

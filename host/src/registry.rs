@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
-use crate::error::{Error, PluginError, Result};
+use crate::error::{Error, MAX_ERROR_MESSAGE, PluginError, Result, bounded};
 use crate::plugin::{BUILTINS, Plugin, Runtime};
 use crate::types::{Context, KindInfo, PluginInfo, Resource};
 
@@ -114,6 +114,16 @@ impl RenderError {
         match self {
             Self::NoPlugin { .. } | Self::VersionNotServed { .. } => "NoPlugin",
             Self::Plugin { error, .. } => error.reason(),
+        }
+    }
+
+    /// Whether rendering the same resource again, with nothing changed, may succeed (see
+    /// [`PluginError::transient`]). A Kind or version no plugin serves stays so until the
+    /// plugins or the resource change.
+    pub fn transient(&self) -> bool {
+        match self {
+            Self::NoPlugin { .. } | Self::VersionNotServed { .. } => false,
+            Self::Plugin { error, .. } => error.transient(),
         }
     }
 }
@@ -273,7 +283,13 @@ pub fn check_objects(
 ) -> Result<Vec<Value>, PluginError> {
     let mut seen = BTreeSet::new();
     for (i, obj) in objects.iter_mut().enumerate() {
-        let refuse = |why: String| PluginError::Guard(format!("refused object {i}: {why}"));
+        // Names, kinds and namespaces come from the guest, as long as the output cap allows.
+        let refuse = |why: String| {
+            PluginError::Guard(bounded(
+                format!("refused object {i}: {why}"),
+                MAX_ERROR_MESSAGE,
+            ))
+        };
         let api_version = obj
             .get("apiVersion")
             .and_then(Value::as_str)
@@ -342,4 +358,71 @@ pub fn check_objects(
         }
     }
     Ok(objects)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::types::GroupVersionKind;
+
+    fn plugin(error: PluginError) -> RenderError {
+        RenderError::Plugin {
+            plugin: "p".to_owned(),
+            error,
+        }
+    }
+
+    #[test]
+    fn a_kind_or_version_no_plugin_serves_is_not_transient() {
+        let no_plugin = RenderError::NoPlugin {
+            api_version: "a/v1".to_owned(),
+            kind: "K".to_owned(),
+            served: vec![],
+        };
+        let no_version = RenderError::VersionNotServed {
+            api_version: "a/v2".to_owned(),
+            kind: "K".to_owned(),
+            versions: vec!["a/v1".to_owned()],
+        };
+        assert!(!no_plugin.transient());
+        assert!(!no_version.transient());
+    }
+
+    #[test]
+    fn a_plugin_failure_is_transient_when_its_cause_is() {
+        assert!(plugin(PluginError::Deadline(Duration::from_secs(1))).transient());
+        assert!(plugin(PluginError::Busy("full".to_owned())).transient());
+        assert!(!plugin(PluginError::Panic("boom".to_owned())).transient());
+        assert!(!plugin(PluginError::Guard("refused".to_owned())).transient());
+    }
+
+    #[test]
+    fn a_refusal_naming_a_huge_guest_string_is_cut() {
+        let info = PluginInfo {
+            name: "p".to_owned(),
+            version: "0".to_owned(),
+            kinds: vec![],
+            children: vec![GroupVersionKind::new("", "v1", "ConfigMap")],
+        };
+        let resource = Resource::new("a/v1", "K", "r", "ns", serde_json::json!({}));
+        let name = "X".repeat(1 << 20);
+        let object = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": { "name": name },
+        });
+        let e = check_objects(&info, &resource, vec![object]).unwrap_err();
+        let PluginError::Guard(message) = &e else {
+            panic!("{e:?}")
+        };
+        assert!(message.starts_with("refused object 0: ConfigMap has an invalid name `XXX"));
+        assert!(message.len() < MAX_ERROR_MESSAGE + 32, "{}", message.len());
+        assert!(
+            message.ends_with(" more bytes)"),
+            "{}",
+            &message[message.len() - 40..]
+        );
+    }
 }

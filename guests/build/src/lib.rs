@@ -55,6 +55,23 @@ fn ensure_target() {
     );
 }
 
+/// A directory name of its own for the checkout at `root`: its last component and a hash of the
+/// whole path.
+///
+/// Checkouts of this repository that share `CARGO_TARGET_DIR` (git worktrees, for one) must not
+/// share the guests' target directory. Cargo names a workspace member's artifacts by its path
+/// relative to the workspace root, the same in every checkout, and takes them as fresh when they
+/// are newer than this checkout's sources: a guest would be linked with another checkout's
+/// `guest-kit`, and the component at the returned path would be whichever checkout built it last.
+fn checkout_dir_name(root: &Path) -> String {
+    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+    let hash = BuildHasherDefault::<DefaultHasher>::default().hash_one(root);
+    let name = root
+        .file_name()
+        .map_or_else(|| "root".into(), |n| n.to_string_lossy());
+    format!("{name}-{hash:016x}")
+}
+
 /// Builds each package and returns the path of its component, in order. Panics (failing the
 /// build script, with cargo's output above) when a build fails.
 pub fn build(packages: &[&str]) -> Vec<PathBuf> {
@@ -65,7 +82,8 @@ pub fn build(packages: &[&str]) -> Vec<PathBuf> {
     }
     let target_dir = env::var_os("CARGO_TARGET_DIR")
         .map_or_else(|| root.join("target"), PathBuf::from)
-        .join("wasm-guests");
+        .join("wasm-guests")
+        .join(checkout_dir_name(&root));
     let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     packages
         .iter()

@@ -23,7 +23,7 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConf
 pub use builtin::{BUILTINS, Builtin};
 pub use cache::{Cache, default_cache_dir};
 
-use crate::error::{Error, PluginError, Result};
+use crate::error::{Error, MAX_ERROR_FIELD, MAX_ERROR_MESSAGE, PluginError, Result, bounded};
 use crate::types::{Context, KindInfo, PluginInfo};
 
 /// The WIT package every plugin is built against, and the interface it must export.
@@ -40,10 +40,14 @@ const TICK: Duration = Duration::from_millis(5);
 pub struct Limits {
     /// Wall-clock time a call may take before it is stopped.
     pub deadline: Duration,
-    /// Linear memory a call may grow to.
+    /// Linear memory a call may grow to: all memories of the component together.
     pub memory_bytes: usize,
-    /// Total bytes of manifests a render may return.
+    /// Total bytes of manifests a render may return; also the largest error (field and message
+    /// together) it may return.
     pub output_bytes: usize,
+    /// How many manifests a render may return. The byte cap alone lets through a million empty
+    /// strings, each of which the host would then parse, check and report on.
+    pub max_manifests: usize,
 }
 
 impl Default for Limits {
@@ -52,6 +56,7 @@ impl Default for Limits {
             deadline: Duration::from_secs(1),
             memory_bytes: 64 << 20,
             output_bytes: 4 << 20,
+            max_manifests: 1000,
         }
     }
 }
@@ -95,8 +100,7 @@ impl Runtime {
             .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         let engine = Engine::new(&config).map_err(|e| Error::Engine(format!("{e:#}")))?;
         let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
-            .map_err(|e| Error::Engine(format!("{e:#}")))?;
+        sandbox::add_to_linker(&mut linker).map_err(|e| Error::Engine(format!("{e:#}")))?;
         spawn_ticker(&engine);
         Ok(Self {
             engine,
@@ -432,15 +436,31 @@ impl Session {
     }
 }
 
-/// What `render` returned, as the manifests' texts within the output cap, or the plugin's error.
+/// What `render` returned, as the manifests' texts within the output and count caps, or the
+/// plugin's error within the output cap (and cut to a length a status condition can hold).
 fn capped(
     out: std::result::Result<Vec<String>, bindings::wasm_operator::plugin::types::RenderError>,
     limits: Limits,
 ) -> std::result::Result<Vec<String>, PluginError> {
-    let manifests = out.map_err(|e| PluginError::Render {
-        field: e.field,
-        message: e.message,
+    let manifests = out.map_err(|e| {
+        let bytes = e.field.len().saturating_add(e.message.len());
+        if bytes > limits.output_bytes {
+            return PluginError::ErrorTooLarge {
+                bytes,
+                limit: limits.output_bytes,
+            };
+        }
+        PluginError::Render {
+            field: bounded(e.field, MAX_ERROR_FIELD),
+            message: bounded(e.message, MAX_ERROR_MESSAGE),
+        }
     })?;
+    if manifests.len() > limits.max_manifests {
+        return Err(PluginError::TooManyManifests {
+            count: manifests.len(),
+            limit: limits.max_manifests,
+        });
+    }
     let total: usize = manifests.iter().map(String::len).sum();
     if total > limits.output_bytes {
         return Err(PluginError::OutputTooLarge {
@@ -468,4 +488,81 @@ fn parse_manifests(manifests: Vec<String>) -> std::result::Result<Vec<Value>, Pl
             }),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bindings::wasm_operator::plugin::types::RenderError as WitRenderError;
+
+    fn limits(output_bytes: usize, max_manifests: usize) -> Limits {
+        Limits {
+            output_bytes,
+            max_manifests,
+            ..Limits::default()
+        }
+    }
+
+    fn error(field: &str, message: &str) -> std::result::Result<Vec<String>, WitRenderError> {
+        Err(WitRenderError {
+            field: field.to_owned(),
+            message: message.to_owned(),
+        })
+    }
+
+    #[test]
+    fn an_error_over_the_output_cap_is_refused_by_its_size() {
+        let e = capped(error("spec.x", &"m".repeat(100)), limits(100, 10)).unwrap_err();
+        assert_eq!(
+            e,
+            PluginError::ErrorTooLarge {
+                bytes: 106,
+                limit: 100
+            }
+        );
+    }
+
+    #[test]
+    fn an_error_within_the_output_cap_is_kept_and_cut_to_the_message_limits() {
+        let e = capped(error("spec.x", "short"), Limits::default()).unwrap_err();
+        assert_eq!(e.to_string(), "spec.x: short");
+        let field = "f".repeat(MAX_ERROR_FIELD + 1);
+        let message = "m".repeat(MAX_ERROR_MESSAGE + 10);
+        let e = capped(error(&field, &message), Limits::default()).unwrap_err();
+        assert_eq!(
+            e,
+            PluginError::Render {
+                field: "f".repeat(MAX_ERROR_FIELD) + "… (1 more bytes)",
+                message: "m".repeat(MAX_ERROR_MESSAGE) + "… (10 more bytes)",
+            }
+        );
+    }
+
+    #[test]
+    fn more_manifests_than_the_cap_are_refused_even_when_empty() {
+        let e = capped(Ok(vec![String::new(); 11]), limits(100, 10)).unwrap_err();
+        assert_eq!(
+            e,
+            PluginError::TooManyManifests {
+                count: 11,
+                limit: 10
+            }
+        );
+        assert_eq!(
+            capped(Ok(vec![String::new(); 10]), limits(100, 10)).unwrap(),
+            vec![String::new(); 10]
+        );
+    }
+
+    #[test]
+    fn manifests_over_the_byte_cap_are_refused() {
+        let e = capped(Ok(vec!["x".repeat(60), "y".repeat(41)]), limits(100, 10)).unwrap_err();
+        assert_eq!(
+            e,
+            PluginError::OutputTooLarge {
+                bytes: 101,
+                limit: 100
+            }
+        );
+    }
 }

@@ -1,11 +1,20 @@
 //! One plugin call: a fresh store and instance with no filesystem, network, environment or
 //! arguments, a fixed clock, fixed randomness, a memory cap and a deadline.
+//!
+//! The deadline is an epoch deadline, which wasmtime checks only while wasm code runs: a host
+//! call that blocks would outlive it. So no host call given to a plugin may block. Time stands
+//! still in the sandbox, and every wait on the monotonic clock is over at once ([`StillTime`]);
+//! stdin is closed, stdout discards, stderr is a bounded in-memory pipe (all always ready);
+//! sockets cannot be created, name lookups are refused and there are no preopened directories, so
+//! no other pollable exists; `poll` on an empty list traps.
 
 use std::time::Duration;
 
-use wasmtime::component::ResourceTable;
-use wasmtime::{ResourceLimiter, Store, Trap};
+use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
+use wasmtime::{PoolConcurrencyLimitError, ResourceLimiter, Store, Trap};
+use wasmtime_wasi::p2::bindings::clocks::monotonic_clock;
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::p2::{DynPollable, Pollable, subscribe};
 use wasmtime_wasi::{
     Deterministic, HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder, WasiCtxView,
     WasiView,
@@ -13,7 +22,7 @@ use wasmtime_wasi::{
 
 use super::bindings::{Plugin as Bindings, PluginPre};
 use super::{Limits, TICK};
-use crate::error::PluginError;
+use crate::error::{MAX_ERROR_MESSAGE, PluginError, bounded};
 
 /// How much of a plugin's stderr is kept, to explain a panic.
 const STDERR_CAPACITY: usize = 16 << 10;
@@ -25,6 +34,10 @@ pub(crate) struct Sandbox {
     wasi: WasiCtx,
     table: ResourceTable,
     memory_cap: usize,
+    /// The bytes of all linear memories of the store together: a component may define several
+    /// (one per core module), and the cap holds for their sum, not for each.
+    memory_total: usize,
+    /// The total a refused growth would have reached.
     denied_growth: Option<usize>,
 }
 
@@ -38,16 +51,25 @@ impl WasiView for Sandbox {
 }
 
 impl ResourceLimiter for Sandbox {
+    /// Called for every growth of every memory of the store, and when a memory is created (with
+    /// `current` 0 and `desired` its minimum size), so the running sum covers them all. Memories
+    /// never shrink. A growth allowed here that then fails in the host (the operating system
+    /// refusing memory) stays counted: the count errs on the side of the cap.
     fn memory_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        if desired > self.memory_cap {
-            self.denied_growth = Some(desired);
+        let total = self
+            .memory_total
+            .saturating_sub(current)
+            .saturating_add(desired);
+        if total > self.memory_cap {
+            self.denied_growth = Some(total);
             return Ok(false);
         }
+        self.memory_total = total;
         Ok(true)
     }
 
@@ -82,6 +104,73 @@ impl HostMonotonicClock for StoppedClock {
     }
 }
 
+/// The monotonic clock plugins get, in place of wasmtime-wasi's: it reads 0, like the WASI
+/// context's [`StoppedClock`], and a wait on it (`subscribe-duration`, `subscribe-instant`) is
+/// over at once. wasmtime-wasi's own waits in real time, on the host, where the epoch deadline
+/// cannot stop it: `std::thread::sleep(Duration::MAX)` would never return.
+///
+/// A sleep thus returns at once. A guest that waits for the clock to move instead loops in wasm,
+/// where the epoch deadline stops it.
+struct StillTime<'a>(&'a mut ResourceTable);
+
+/// Names [`StillTime`] to the linker.
+struct WithStillTime;
+
+impl HasData for WithStillTime {
+    type Data<'a> = StillTime<'a>;
+}
+
+/// A wait that is already over.
+struct Elapsed;
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for Elapsed {
+    async fn ready(&mut self) {}
+}
+
+impl StillTime<'_> {
+    fn elapsed(&mut self) -> wasmtime::Result<Resource<DynPollable>> {
+        let wait = self.0.push(Elapsed)?;
+        subscribe(self.0, wait)
+    }
+}
+
+impl monotonic_clock::Host for StillTime<'_> {
+    fn now(&mut self) -> wasmtime::Result<monotonic_clock::Instant> {
+        Ok(0)
+    }
+
+    fn resolution(&mut self) -> wasmtime::Result<monotonic_clock::Duration> {
+        Ok(1)
+    }
+
+    fn subscribe_instant(
+        &mut self,
+        _when: monotonic_clock::Instant,
+    ) -> wasmtime::Result<Resource<DynPollable>> {
+        self.elapsed()
+    }
+
+    fn subscribe_duration(
+        &mut self,
+        _duration: monotonic_clock::Duration,
+    ) -> wasmtime::Result<Resource<DynPollable>> {
+        self.elapsed()
+    }
+}
+
+/// Adds WASI to `linker` as plugins get it: wasmtime-wasi's synchronous preview 2, with the
+/// monotonic clock replaced by [`StillTime`].
+pub(crate) fn add_to_linker(linker: &mut Linker<Sandbox>) -> wasmtime::Result<()> {
+    wasmtime_wasi::p2::add_to_linker_sync(linker)?;
+    linker.allow_shadowing(true);
+    let added = monotonic_clock::add_to_linker::<Sandbox, WithStillTime>(linker, |s| {
+        StillTime(&mut s.table)
+    });
+    linker.allow_shadowing(false);
+    added
+}
+
 /// A store for one call (or one session): fresh WASI context, limiter and stderr capture.
 pub(crate) fn store(
     engine: &wasmtime::Engine,
@@ -103,6 +192,7 @@ pub(crate) fn store(
         wasi,
         table: ResourceTable::new(),
         memory_cap: limits.memory_bytes,
+        memory_total: 0,
         denied_growth: None,
     };
     let mut store = Store::new(engine, state);
@@ -147,6 +237,10 @@ fn classify(
     stderr: &MemoryOutputPipe,
     limits: Limits,
 ) -> PluginError {
+    // The pool refuses an instance before any guest code runs; nothing else is known then.
+    if e.is::<PoolConcurrencyLimitError>() {
+        return PluginError::Busy(format!("{e:#}"));
+    }
     if let Some(tried) = state.denied_growth {
         return PluginError::Memory {
             limit: limits.memory_bytes,
@@ -159,7 +253,8 @@ fn classify(
     let err = String::from_utf8_lossy(&stderr.contents()).into_owned();
     if let Some(at) = err.find("panicked at") {
         let message = err[at..].lines().take(2).collect::<Vec<_>>().join(": ");
-        return PluginError::Panic(message);
+        return PluginError::Panic(bounded(message, MAX_ERROR_MESSAGE));
     }
-    PluginError::Trap(format!("{e:#}"))
+    // A trap's message carries the wasm backtrace, as deep as the guest's stack.
+    PluginError::Trap(bounded(format!("{e:#}"), MAX_ERROR_MESSAGE))
 }

@@ -1,6 +1,7 @@
 //! The sandbox: a hostile plugin is contained, named, and the host keeps serving.
 
 use std::path::PathBuf;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use host::error::{Error, PluginError};
@@ -17,8 +18,8 @@ fn limits() -> Limits {
     }
 }
 
-fn hostile_registry() -> Registry {
-    let runtime = Runtime::new(limits(), Some(crate::support::cache())).unwrap();
+fn hostile_registry(limits: Limits) -> Registry {
+    let runtime = Runtime::new(limits, Some(crate::support::cache())).unwrap();
     Registry::load(
         &runtime,
         Context::default(),
@@ -28,23 +29,49 @@ fn hostile_registry() -> Registry {
     .unwrap()
 }
 
-fn hostile(mode: &str) -> Result<Vec<serde_json::Value>, RenderError> {
-    use std::sync::OnceLock;
-    static REGISTRY: OnceLock<Registry> = OnceLock::new();
-    let r = resource(&format!(
+fn hostile_resource(mode: &str) -> host::types::Resource {
+    resource(&format!(
         "apiVersion: test.wasm-operator.dev/v1\nkind: Hostile\nmetadata: {{name: h, namespace: ns}}\nspec: {{mode: {mode}}}\n"
-    ));
-    REGISTRY.get_or_init(hostile_registry).render(&r)
+    ))
 }
 
-fn plugin_error(mode: &str) -> PluginError {
-    match hostile(mode) {
+/// Renders in the hostile plugin under [`limits`] (a 300 ms deadline).
+fn hostile(mode: &str) -> Result<Vec<serde_json::Value>, RenderError> {
+    static REGISTRY: OnceLock<Registry> = OnceLock::new();
+    REGISTRY
+        .get_or_init(|| hostile_registry(limits()))
+        .render(&hostile_resource(mode))
+}
+
+/// Renders in the hostile plugin with a 10 s deadline, for modes that do much work before they
+/// misbehave: what they are refused for must not depend on how busy the test machine is.
+fn patient_hostile(mode: &str) -> Result<Vec<serde_json::Value>, RenderError> {
+    static REGISTRY: OnceLock<Registry> = OnceLock::new();
+    REGISTRY
+        .get_or_init(|| {
+            hostile_registry(Limits {
+                deadline: Duration::from_secs(10),
+                ..Limits::default()
+            })
+        })
+        .render(&hostile_resource(mode))
+}
+
+fn expect_plugin_error(
+    mode: &str,
+    result: Result<Vec<serde_json::Value>, RenderError>,
+) -> PluginError {
+    match result {
         Err(RenderError::Plugin { plugin, error }) => {
             assert_eq!(plugin, "hostile");
             error
         }
         other => panic!("mode {mode}: expected a plugin error, got {other:?}"),
     }
+}
+
+fn plugin_error(mode: &str) -> PluginError {
+    expect_plugin_error(mode, hostile(mode))
 }
 
 #[test]
@@ -97,6 +124,169 @@ fn an_endless_loop_hits_the_deadline() {
         hostile("ok").is_ok(),
         "the host keeps serving after a timeout"
     );
+}
+
+/// How long a wait of 20 s (or forever) may take under the 300 ms deadline: far less than 20 s,
+/// with room for a busy test machine.
+const PROMPT: Duration = Duration::from_secs(5);
+
+#[test]
+fn a_sleep_returns_at_once_because_time_stands_still() {
+    let start = Instant::now();
+    let out = hostile("sleep");
+    let took = start.elapsed();
+    assert!(took < PROMPT, "a 20 s sleep took {took:?}");
+    let out = out.unwrap();
+    assert_eq!(out[0]["data"]["mode"], "sleep");
+}
+
+#[test]
+fn a_sleep_of_duration_max_returns_at_once_too() {
+    let start = Instant::now();
+    let out = hostile("sleep-forever");
+    let took = start.elapsed();
+    assert!(took < PROMPT, "a sleep of Duration::MAX took {took:?}");
+    assert_eq!(out.unwrap()[0]["data"]["mode"], "sleep-forever");
+}
+
+#[test]
+fn waiting_for_the_clock_to_move_hits_the_deadline() {
+    // Each sleep returns at once and the clock never moves: the guest loops in wasm, where the
+    // deadline stops it.
+    let start = Instant::now();
+    let e = plugin_error("wait-for-time");
+    let took = start.elapsed();
+    assert_eq!(e, PluginError::Deadline(Duration::from_millis(300)));
+    assert!(took < PROMPT, "stopped after {took:?}");
+    assert!(e.transient(), "a missed deadline is transient");
+    assert!(hostile("ok").is_ok());
+}
+
+#[test]
+fn polling_on_the_clock_returns_at_once() {
+    let start = Instant::now();
+    let out = hostile("poll");
+    let took = start.elapsed();
+    assert!(took < PROMPT, "two 20 s polls took {took:?}");
+    assert_eq!(out.unwrap()[0]["data"]["mode"], "poll");
+}
+
+#[test]
+fn an_error_larger_than_the_output_cap_is_refused_by_its_size() {
+    let e = expect_plugin_error("huge-error", patient_hostile("huge-error"));
+    assert_eq!(
+        e,
+        PluginError::ErrorTooLarge {
+            bytes: "spec.mode".len() + (5 << 20),
+            limit: 4 << 20,
+        }
+    );
+    assert_eq!(e.reason(), "PluginMisbehaved");
+    assert!(!e.transient());
+    assert!(e.to_string().len() < 200, "{e}");
+}
+
+#[test]
+fn a_long_error_is_cut_to_what_a_status_condition_can_hold() {
+    let e = plugin_error("long-error");
+    let PluginError::Render { field, message } = &e else {
+        panic!("{e:?}")
+    };
+    let note = |cut: usize| format!("… ({cut} more bytes)");
+    let field_max = host::error::MAX_ERROR_FIELD;
+    let message_max = host::error::MAX_ERROR_MESSAGE;
+    assert_eq!(
+        *field,
+        format!("spec.{}", "f".repeat(field_max - 5))
+            + &note("spec.".len() + (16 << 10) - field_max)
+    );
+    assert_eq!(
+        *message,
+        "m".repeat(message_max) + &note((64 << 10) - message_max)
+    );
+    assert_eq!(e.reason(), "InvalidSpec");
+    assert!(!e.transient());
+    // A status condition's message may hold 32 KiB.
+    assert!(e.to_string().len() < 8 << 10, "{}", e.to_string().len());
+}
+
+#[test]
+fn more_manifests_than_the_cap_are_refused_before_they_are_parsed() {
+    let e = expect_plugin_error("many-manifests", patient_hostile("many-manifests"));
+    assert_eq!(
+        e,
+        PluginError::TooManyManifests {
+            count: 1_000_000,
+            limit: 1000,
+        }
+    );
+    assert_eq!(e.reason(), "PluginMisbehaved");
+    assert!(!e.transient());
+}
+
+#[test]
+fn the_memory_cap_holds_for_all_memories_of_a_component_together() {
+    let wasm = std::fs::read(test_guests::SEVERAL_MEMORIES).unwrap();
+    let load = |memory_bytes: usize| {
+        let runtime = Runtime::new(
+            Limits {
+                memory_bytes,
+                ..limits()
+            },
+            None,
+        )
+        .unwrap();
+        match runtime.load(&wasm, "several.wasm", &Context::default()) {
+            Err(e @ Error::Load { .. }) => e.to_string(),
+            other => panic!("expected a load error, got {other:?}"),
+        }
+    };
+    // Two memories of 40 MiB: each is under the 64 MiB cap, together they are over it.
+    let e = load(64 << 20);
+    assert_eq!(
+        e,
+        format!(
+            "plugin several.wasm: {}",
+            PluginError::Memory {
+                limit: 64 << 20,
+                tried: 80 << 20,
+            }
+        )
+    );
+    // Under a cap both fit in, the component starts, and `describe` traps.
+    let e = load(256 << 20);
+    assert!(e.contains("trapped") && e.contains("unreachable"), "{e}");
+}
+
+#[test]
+fn a_full_instance_pool_is_a_transient_busy_error_until_instances_are_freed() {
+    let runtime = Runtime::new(limits(), Some(crate::support::cache())).unwrap();
+    let wasm = std::fs::read(test_guests::HOSTILE).unwrap();
+    let plugin = runtime
+        .load(&wasm, "hostile.wasm", &Context::default())
+        .unwrap();
+    let ok = hostile_resource("ok");
+    // Every session holds one instance of the pool, until there is none left.
+    let mut sessions = Vec::new();
+    let e = loop {
+        match plugin.session() {
+            Ok(session) => sessions.push(session),
+            Err(e) => break e,
+        }
+        assert!(sessions.len() <= 10_000, "the pool never ran out");
+    };
+    assert!(matches!(e, PluginError::Busy(_)), "{e:?}");
+    assert!(
+        e.to_string()
+            .contains("maximum concurrent limit of 256 for component instances reached"),
+        "{e}"
+    );
+    assert_eq!(e.reason(), "PluginBusy");
+    assert!(e.transient());
+    let e = plugin.render(&ok, &Context::default()).unwrap_err();
+    assert!(matches!(e, PluginError::Busy(_)), "{e:?}");
+    drop(sessions);
+    assert!(plugin.render(&ok, &Context::default()).is_ok());
 }
 
 #[test]

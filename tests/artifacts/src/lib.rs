@@ -4,3 +4,7 @@
 pub const HOSTILE: &str = env!("HOSTILE_WASM");
 /// A plugin built against a future major version of the contract (`tests/guests/incompatible`).
 pub const INCOMPATIBLE: &str = env!("INCOMPATIBLE_WASM");
+/// A plugin component with two core modules of one 40 MiB memory each, whose `describe` and
+/// `render` trap (`tests/artifacts/several-memories.wat`): each memory is under the default
+/// 64 MiB cap, both together are over it.
+pub const SEVERAL_MEMORIES: &str = env!("SEVERAL_MEMORIES_WASM");

@@ -1,9 +1,17 @@
 //! A plugin that misbehaves on request (`spec.mode`), to prove that the host contains it.
 //!
 //! Modes: `ok` (one ConfigMap), `panic`, `loop`, `alloc` (grows memory without bound),
-//! `huge-output` (more bytes than the host accepts), `other-namespace`, `undeclared-kind`,
-//! `no-namespace`, `bad-name`, `error` (a typed render error), and `probe`, which reports in a
-//! ConfigMap what the sandbox let it see: environment, arguments, clock, randomness, files.
+//! `huge-output` (more bytes than the host accepts), `many-manifests` (a million tiny ones, within
+//! the byte cap), `other-namespace`, `undeclared-kind`, `no-namespace`, `bad-name`, `error` (a
+//! typed render error), `long-error` (a 16 KiB field and a 64 KiB message, within the output cap),
+//! `huge-error` (a 5 MiB message, over it), and `probe`, which reports in a ConfigMap what the
+//! sandbox let it see: environment, arguments, clock, randomness, files.
+//!
+//! Waits, each of which then returns one ConfigMap: `sleep` (`std::thread::sleep` for 20 s),
+//! `sleep-forever` (for `Duration::MAX`) and `poll` (`wasi:io/poll` on a 20 s
+//! `subscribe-duration` and on a `subscribe-instant` 20 s from now, called directly, as std's
+//! sleep does not use `poll`); and `wait-for-time`, which sleeps 1 ms at a time until the
+//! monotonic clock has moved by 1 s.
 
 use guest_kit::{
     Context, GroupVersionKind, KindInfo, Plugin, PluginInfo, RenderError, Resource, Result,
@@ -60,6 +68,22 @@ fn probe() -> Value {
         "readFile": etc,
         "connect": net,
     })
+}
+
+/// Waits through `wasi:io/poll` on the monotonic clock: 20 s by duration, then until 20 s past
+/// the clock's reading.
+fn poll() {
+    #[cfg(target_family = "wasm")]
+    {
+        use wasip2::clocks::monotonic_clock;
+        const TWENTY_SECONDS: u64 = 20_000_000_000;
+        let by_duration = monotonic_clock::subscribe_duration(TWENTY_SECONDS);
+        wasip2::io::poll::poll(&[&by_duration]);
+        let by_instant = monotonic_clock::subscribe_instant(
+            monotonic_clock::now().saturating_add(TWENTY_SECONDS),
+        );
+        wasip2::io::poll::poll(&[&by_instant]);
+    }
 }
 
 impl Plugin for Hostile {
@@ -123,6 +147,43 @@ impl Plugin for Hostile {
             })],
             "bad-name" => vec![config_map(r, "Not_A_Valid_Name", ns, json!({}))],
             "error" => return Err(RenderError::new("spec.mode", "was asked to fail")),
+            "long-error" => {
+                return Err(RenderError::new(
+                    format!("spec.{}", "f".repeat(16 << 10)),
+                    "m".repeat(64 << 10),
+                ));
+            }
+            "huge-error" => return Err(RenderError::new("spec.mode", "e".repeat(5 << 20))),
+            "many-manifests" => vec![json!({}); 1_000_000],
+            "sleep" => {
+                std::thread::sleep(std::time::Duration::from_secs(20));
+                vec![config_map(r, &r.name, ns, json!({ "mode": "sleep" }))]
+            }
+            "sleep-forever" => {
+                std::thread::sleep(std::time::Duration::MAX);
+                vec![config_map(
+                    r,
+                    &r.name,
+                    ns,
+                    json!({ "mode": "sleep-forever" }),
+                )]
+            }
+            "poll" => {
+                poll();
+                vec![config_map(r, &r.name, ns, json!({ "mode": "poll" }))]
+            }
+            "wait-for-time" => {
+                let start = std::time::Instant::now();
+                while start.elapsed() < std::time::Duration::from_secs(1) {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                vec![config_map(
+                    r,
+                    &r.name,
+                    ns,
+                    json!({ "mode": "wait-for-time" }),
+                )]
+            }
             other => {
                 return Err(RenderError::new(
                     "spec.mode",
