@@ -269,8 +269,7 @@ pub(crate) fn watch_children(
     shared: &Arc<Shared>,
     writers: Vec<Writer>,
     settings: &Settings,
-) -> (Owners, Vec<(String, FirstListDone)>) {
-    let owners: Owners = Arc::new(Mutex::new(BTreeMap::new()));
+) -> Vec<(String, FirstListDone)> {
     let mut listed = Vec::new();
     for (kind_key, child_ar, writer) in writers {
         let api: Api<LiveChild> = match &settings.namespace {
@@ -285,7 +284,7 @@ pub(crate) fn watch_children(
             .inspect(first_list.observer())
             .inspect(move |event| watch_health(&health.0, &health.1, event))
             .default_backoff();
-        let owners = owners.clone();
+        let owners = shared.owners.clone();
         let shared = shared.clone();
         tokio::spawn(async move {
             let id = |o: &LiveChild| -> ChildId {
@@ -366,7 +365,7 @@ pub(crate) fn watch_children(
             }
         });
     }
-    (owners, listed)
+    listed
 }
 
 /// Asks the controller of each of `resources` (those of a Kind we serve) to reconcile it.

@@ -19,7 +19,7 @@ mod status;
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -111,9 +111,14 @@ pub(crate) struct Shared {
     pub metrics: Arc<Metrics>,
     /// Where each declared child kind is applied, by `group/version/Kind`: `Err` says why it
     /// cannot be (its CRD is not installed, it is cluster-scoped, ...).
-    pub targets: BTreeMap<String, Result<ApiResource, String>>,
+    pub targets: RwLock<BTreeMap<String, Result<ApiResource, String>>>,
     /// The watch of each child kind the cluster serves, by `group/Kind` ([`children::kind_key`]).
-    pub watched: BTreeMap<String, Watched>,
+    pub watched: RwLock<BTreeMap<String, Watched>>,
+    /// The declared child kinds whose CRD was not installed at start, looked for again now and
+    /// then: `group/version/Kind` and the kind.
+    pub missing: Mutex<Vec<(String, GroupVersionKind)>>,
+    /// The controllers of the served Kinds, to wake resources through.
+    pub owners: children::Owners,
     /// What each child looked like after our last apply, to skip writes when nothing changed.
     pub applied: Mutex<BTreeMap<String, children::Applied>>,
     /// Children being applied right now.
@@ -130,6 +135,16 @@ pub(crate) struct Shared {
     pub synced: tokio::sync::watch::Sender<bool>,
     /// See [`Settings::render_wait`].
     pub render_wait: Duration,
+}
+
+/// Reads `l`, as [`lock`] locks.
+pub(crate) fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Writes `l`, as [`lock`] locks.
+pub(crate) fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Locks `m`; a lock whose holder panicked is still used (every value kept under these locks is
@@ -267,7 +282,9 @@ pub async fn run(
     let mut controllers = Vec::new();
     // Reconciliation starts, and the operator is ready, once every watch has listed what it
     // watches (into its store): the operator then sees the cluster.
-    let (owners, mut listed) = children::watch_children(&shared, writers, &settings);
+    let mut listed = children::watch_children(&shared, writers, &settings);
+    let owners = shared.owners.clone();
+    let mut rescans = Vec::new();
     let kinds: Vec<_> = shared.registry.kinds().collect();
     let discovered = discover(
         &client,
@@ -297,6 +314,8 @@ pub async fn run(
         });
         let (tx, rx) = mpsc::unbounded();
         lock(&owners).insert(format!("{}/{}", ar.api_version, ar.kind), (ar.clone(), tx));
+        let (rescan, rescanned) = mpsc::unbounded();
+        rescans.push(rescan);
         let mut stop = trigger_tx.subscribe();
         // A resource is rendered again when what its render reads changes (spec, labels,
         // annotations), not when only its status does: most of its updates are our own status
@@ -321,6 +340,7 @@ pub async fn run(
                 kube::runtime::controller::Config::default().concurrency(settings.concurrency),
             )
             .reconcile_on(rx)
+            .reconcile_all_on(rescanned)
             .graceful_shutdown_on(async move {
                 let _ = stop.recv().await;
             })
@@ -358,9 +378,16 @@ pub async fn run(
         synced.synced.send_replace(true);
         synced.metrics.set_ready(true);
     });
+    let rediscovery = tokio::spawn(rediscover(
+        shared.clone(),
+        settings.clone(),
+        rescans,
+        trigger_tx.subscribe(),
+    ));
     for c in controllers {
         let _ = c.await;
     }
+    rediscovery.abort();
     // Finish what the last reconciliations had to report before stepping down.
     shared.reports.flush(Duration::from_secs(10)).await;
     for w in report_workers {
@@ -411,6 +438,7 @@ async fn setup(
     let mut targets = BTreeMap::new();
     let mut watched = BTreeMap::new();
     let mut writers = Vec::new();
+    let mut missing = Vec::new();
     for ((key, (api_version, child)), found) in wanted.into_iter().zip(discovered) {
         let entry = match found {
             Ok((_, caps)) if caps.scope != Scope::Namespaced => {
@@ -430,10 +458,16 @@ async fn setup(
                 }
                 Ok(ar)
             }
-            Err(kube::Error::Api(s)) if s.code == 404 => Err(format!(
-                "the API server does not serve {api_version} {} (is its CRD installed?)",
-                child.kind
-            )),
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                missing.push((
+                    key.clone(),
+                    GroupVersionKind::gvk(&child.group, &child.version, &child.kind),
+                ));
+                Err(format!(
+                    "the API server does not serve {api_version} {} (is its CRD installed?)",
+                    child.kind
+                ))
+            }
             Err(e) => Err(format!(
                 "discovery of {api_version} {} failed: {e}",
                 child.kind
@@ -459,8 +493,10 @@ async fn setup(
         client,
         registry: Arc::new(registry),
         metrics,
-        targets,
-        watched,
+        targets: RwLock::new(targets),
+        watched: RwLock::new(watched),
+        missing: Mutex::new(missing),
+        owners: Arc::new(Mutex::new(BTreeMap::new())),
         applied: Mutex::new(BTreeMap::new()),
         owned: Mutex::new(OwnerIndex::default()),
         waiting: Mutex::new(Waiting::default()),
@@ -515,6 +551,88 @@ pub(crate) fn watch_health<K>(
         Err(e) => {
             metrics.watch_error(watch);
             tracing::warn!(%watch, "watch failed (retrying with backoff): {e}");
+        }
+    }
+}
+
+/// How often the child kinds not served at start are looked for again.
+const REDISCOVER: Duration = Duration::from_secs(5);
+
+/// Looks for the child kinds whose CRD was not installed at start (the Prometheus Operator's
+/// ServiceMonitor, installed after the operator). When one appears: watch it, wait for its first
+/// list, then apply it from then on, and reconcile every resource, so that the children that were
+/// skipped are applied within seconds, with no restart.
+async fn rediscover(
+    shared: Arc<Shared>,
+    settings: Settings,
+    rescans: Vec<mpsc::UnboundedSender<()>>,
+    mut stop: tokio::sync::broadcast::Receiver<()>,
+) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(REDISCOVER) => {}
+            _ = stop.recv() => return,
+        }
+        let missing = lock(&shared.missing).clone();
+        if missing.is_empty() {
+            return;
+        }
+        let found = discover(&shared.client, missing.iter().map(|(_, gvk)| gvk.clone())).await;
+        let mut served = Vec::new();
+        for ((key, gvk), found) in missing.into_iter().zip(found) {
+            match found {
+                Ok((ar, caps)) if caps.scope == Scope::Namespaced => served.push((key, ar)),
+                Ok(_) => {
+                    tracing::warn!(kind = %gvk.kind, "installed, but cluster-scoped: children of this kind stay skipped");
+                    lock(&shared.missing).retain(|(k, _)| *k != key);
+                }
+                Err(_) => {}
+            }
+        }
+        if served.is_empty() {
+            continue;
+        }
+        let mut writers = Vec::new();
+        for (_, ar) in &served {
+            let kind = children::kind_key(&ar.api_version, &ar.kind);
+            if !read(&shared.watched).contains_key(&kind) {
+                writers.push((
+                    kind,
+                    ar.clone(),
+                    reflector::store::Writer::<LiveChild>::new(ar.clone()),
+                ));
+            }
+        }
+        let stores: Vec<_> = writers
+            .iter()
+            .map(|(kind, ar, w)| (kind.clone(), ar.clone(), w.as_reader()))
+            .collect();
+        let listed = children::watch_children(&shared, writers, &settings);
+        for (name, mut done) in listed {
+            if tokio::time::timeout(SYNC_TIMEOUT, done.wait_for(|d| *d))
+                .await
+                .is_err()
+            {
+                tracing::warn!(watch = %name, "not listed after {SYNC_TIMEOUT:?}; applying it anyway");
+            }
+        }
+        {
+            let mut watched = write(&shared.watched);
+            for (kind, ar, store) in stores {
+                watched.insert(kind, Watched { ar, store });
+            }
+        }
+        {
+            let mut targets = write(&shared.targets);
+            let mut missing = lock(&shared.missing);
+            for (key, ar) in served {
+                tracing::info!(kind = %ar.kind, group = %ar.group, "now served: its children are applied from now on");
+                missing.retain(|(k, _)| *k != key);
+                targets.insert(key, Ok(ar));
+            }
+        }
+        for rescan in &rescans {
+            let _ = rescan.unbounded_send(());
         }
     }
 }

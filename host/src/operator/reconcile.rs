@@ -28,7 +28,7 @@ use super::children::{Applied, ChildId, applied_key, controller_uid, kind_key};
 use super::metrics::{ControllerLabels, FailureLabels, Metrics, PluginLabels, ResultLabels};
 use super::report::{self, Key};
 use super::status::{self, Child, Outcome, Problem, Skipped};
-use super::{FIELD_MANAGER, KindCtx, LiveChild, Shared, backoff, gvk_key, lock};
+use super::{FIELD_MANAGER, KindCtx, LiveChild, Shared, backoff, gvk_key, lock, read};
 use crate::error::PluginError;
 use crate::registry::RenderError;
 use crate::types::Resource as PluginResource;
@@ -308,7 +308,7 @@ fn report_render_failure(
             reason: e.reason().to_owned(),
         })
         .inc();
-    let retrying = transient(&e);
+    let retrying = e.transient();
     let suffix = if retrying {
         "will retry"
     } else {
@@ -331,23 +331,12 @@ fn report_render_failure(
     Ok(Action::requeue(RESYNC))
 }
 
-/// Whether a render failure may go away when tried again: the plugin ran out of time.
-fn transient(e: &RenderError) -> bool {
-    matches!(
-        e,
-        RenderError::Plugin {
-            error: PluginError::Deadline(_),
-            ..
-        }
-    )
-}
-
 // --- plan ---------------------------------------------------------------------------------------
 
 /// What the plan reads of the operator's caches (the shared state, or a test's maps).
 pub(crate) trait View {
     /// Where children of `group/version/Kind` are applied, or why they cannot be.
-    fn target(&self, gvk: &str) -> Option<Result<&ApiResource, &str>>;
+    fn target(&self, gvk: &str) -> Option<Result<ApiResource, String>>;
     /// The live object of kind `group/Kind` in `namespace` named `name`, as the watch shows it.
     fn live(&self, kind_key: &str, namespace: &str, name: &str) -> Option<Arc<LiveChild>>;
     /// What our last apply of the child with this key left.
@@ -355,14 +344,13 @@ pub(crate) trait View {
 }
 
 impl View for Shared {
-    fn target(&self, gvk: &str) -> Option<Result<&ApiResource, &str>> {
-        self.targets
-            .get(gvk)
-            .map(|t| t.as_ref().map_err(String::as_str))
+    fn target(&self, gvk: &str) -> Option<Result<ApiResource, String>> {
+        read(&self.targets).get(gvk).cloned()
     }
 
     fn live(&self, kind_key: &str, namespace: &str, name: &str) -> Option<Arc<LiveChild>> {
-        let watched = self.watched.get(kind_key)?;
+        let watched = read(&self.watched);
+        let watched = watched.get(kind_key)?;
         watched
             .store
             .get(&ObjectRef::new_with(name, watched.ar.clone()).within(namespace))
@@ -483,10 +471,10 @@ pub(crate) fn plan(objects: Vec<Value>, owner: &Owner, view: &impl View) -> Plan
         let key = kind_key(&api_version, &kind);
         plan.desired.insert((key.clone(), name.clone()));
         let ar = match view.target(&gvk_key(&api_version, &kind)) {
-            Some(Ok(ar)) => ar.clone(),
+            Some(Ok(ar)) => ar,
             found => {
                 let reason = match found {
-                    Some(Err(why)) => why.to_owned(),
+                    Some(Err(why)) => why,
                     _ => "not a declared child kind".to_owned(),
                 };
                 plan.skipped.push(Skipped {
@@ -502,8 +490,12 @@ pub(crate) fn plan(objects: Vec<Value>, owner: &Owner, view: &impl View) -> Plan
         let h = hash(&child);
         let cache_key = applied_key(&r.uid, &key, &name);
         let live = view.live(&key, &r.namespace, &name);
-        let previous = view
-            .applied(&cache_key)
+        // In memory: what this process applied. In the resource's status: what an earlier
+        // process did, which says whether a live object is unchanged, never that one the watch
+        // does not show exists.
+        let remembered = view.applied(&cache_key);
+        let previous = remembered
+            .clone()
             .or_else(|| owner.recorded.get(&(key.clone(), name.clone())).cloned());
         let write = match live.as_deref() {
             Some(l) => match (control(l, &r.uid), owner.adopt) {
@@ -539,7 +531,7 @@ pub(crate) fn plan(objects: Vec<Value>, owner: &Owner, view: &impl View) -> Plan
             },
             // A child we applied that the watch has not shown yet is not applied again: a
             // deletion of it is seen by the watch, which then forgets the apply.
-            None if previous.as_ref().is_some_and(|p| p.hash == h) => Write::Skip,
+            None if remembered.is_some_and(|p| p.hash == h) => Write::Skip,
             None => Write::Create,
         };
         let changed = previous.as_ref().is_none_or(|p| p.hash != h) || live.is_none();
@@ -814,11 +806,13 @@ async fn prune(owner: &Owner, ctx: &KindCtx, desired: &BTreeSet<(String, String)
     let owned = lock(&shared.owned).owned_by(&r.uid);
     let mut pruned = Pruned::default();
     for stale in stale_children(owned, &r.uid, &r.namespace, desired, shared.as_ref()) {
-        let Some(watched) = shared.watched.get(&stale.kind_key) else {
+        let Some(ar) = read(&shared.watched)
+            .get(&stale.kind_key)
+            .map(|w| w.ar.clone())
+        else {
             continue;
         };
-        let api: Api<LiveChild> =
-            Api::namespaced_with(shared.client.clone(), &r.namespace, &watched.ar);
+        let api: Api<LiveChild> = Api::namespaced_with(shared.client.clone(), &r.namespace, &ar);
         let params = DeleteParams {
             preconditions: Some(Preconditions {
                 uid: Some(stale.uid.clone()),
@@ -826,9 +820,9 @@ async fn prune(owner: &Owner, ctx: &KindCtx, desired: &BTreeSet<(String, String)
             }),
             ..DeleteParams::background()
         };
-        let what = format!("{} {}", watched.ar.kind, stale.name);
+        let what = format!("{} {}", ar.kind, stale.name);
         match shared
-            .write("delete", &watched.ar, api.delete(&stale.name, &params))
+            .write("delete", &ar, api.delete(&stale.name, &params))
             .await
         {
             Ok(_) => {
@@ -1017,10 +1011,8 @@ mod tests {
     }
 
     impl View for Caches {
-        fn target(&self, gvk: &str) -> Option<Result<&ApiResource, &str>> {
-            self.targets
-                .get(gvk)
-                .map(|t| t.as_ref().map_err(String::as_str))
+        fn target(&self, gvk: &str) -> Option<Result<ApiResource, String>> {
+            self.targets.get(gvk).cloned()
         }
         fn live(&self, kind_key: &str, namespace: &str, name: &str) -> Option<Arc<LiveChild>> {
             self.live
@@ -1202,6 +1194,11 @@ mod tests {
             .insert(("/Service".into(), "web".into()), record);
         let third = plan(vec![service("web")], &restarted, &c);
         assert_eq!(third.children[0].write, Write::Skip);
+        // A record in status does not stand for an object the watch does not show: deleted by
+        // hand, it is created again.
+        c.live.clear();
+        let fourth = plan(vec![service("web")], &restarted, &c);
+        assert_eq!(fourth.children[0].write, Write::Create);
     }
 
     #[test]

@@ -93,8 +93,11 @@ impl Operator {
         }
     }
 
+    /// The body of `path`, or nothing while the endpoint does not answer yet.
     fn get(&self, path: &str) -> String {
-        let mut s = TcpStream::connect(self.metrics).unwrap();
+        let Ok(mut s) = TcpStream::connect(self.metrics) else {
+            return String::new();
+        };
         s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
             .unwrap();
         let mut out = String::new();
@@ -584,6 +587,45 @@ async fn runs_with_its_rbac_skips_missing_crds_and_survives_an_api_server_restar
         "{:?}",
         condition(&web, "Ready")
     );
+
+    // The Prometheus Operator's CRD arrives after the operator started: noticed without a
+    // restart, and the skipped ServiceMonitor is applied within seconds.
+    let monitor_crd = root.join("tests/crds/servicemonitors.monitoring.coreos.com.yaml");
+    let (ok, out) = kubectl(&cp, &["apply", "-f", &monitor_crd.display().to_string()]);
+    assert!(ok, "{out}");
+    let installed = Instant::now();
+    eventually_or(
+        "the skipped ServiceMonitor to be applied",
+        Duration::from_secs(30),
+        || get(&cp, &ns, "servicemonitors.monitoring.coreos.com/web").is_some(),
+        || {
+            format!(
+                ":\n{}",
+                kubectl(
+                    &cp,
+                    &["get", "-n", &ns, "services.hanzo.ai/web", "-o", "yaml"]
+                )
+                .1
+            )
+        },
+    )
+    .await;
+    println!(
+        "ServiceMonitor applied {:?} after its CRD was installed",
+        installed.elapsed()
+    );
+    eventually(
+        "status.skipped to list only the KMSSecret",
+        Duration::from_secs(10),
+        || {
+            get(&cp, &ns, "services.hanzo.ai/web").is_some_and(|w| {
+                w["status"]["skipped"]
+                    .as_array()
+                    .is_some_and(|s| s.len() == 1 && s[0]["kind"] == "KMSSecret")
+            })
+        },
+    )
+    .await;
 
     // Change the spec and kill the API server while the operator works on it.
     apply(&cp, &ns, &monitored.replace("replicas: 2", "replicas: 4"));
