@@ -279,12 +279,9 @@ pub async fn run(
         let _ = trigger_tx2.send(());
     });
 
-    let mut controllers = Vec::new();
     // Reconciliation starts, and the operator is ready, once every watch has listed what it
     // watches (into its store): the operator then sees the cluster.
     let mut listed = children::watch_children(&shared, writers, &settings);
-    let owners = shared.owners.clone();
-    let mut rescans = Vec::new();
     let kinds: Vec<_> = shared.registry.kinds().collect();
     let discovered = discover(
         &client,
@@ -293,72 +290,26 @@ pub async fn run(
             .map(|(_, kind)| GroupVersionKind::gvk(&kind.group, &kind.versions[0], &kind.kind)),
     )
     .await;
+    let controllers = Arc::new(Controllers {
+        stop: trigger_tx.clone(),
+        running: Mutex::new(Vec::new()),
+        rescans: Mutex::new(Vec::new()),
+        unserved: Mutex::new(Vec::new()),
+    });
     for ((plugin, kind), found) in kinds.into_iter().zip(discovered) {
-        let ar = match found {
-            Ok((ar, _)) => ar,
+        let gvk = GroupVersionKind::gvk(&kind.group, &kind.versions[0], &kind.kind);
+        match found {
+            Ok((ar, _)) => {
+                listed.push(controllers.start(&shared, &settings, plugin.name(), kind, ar))
+            }
             Err(e) => {
                 tracing::error!(kind = %kind.kind, group = %kind.group, plugin = %plugin.name(),
-                    "not serving {}.{}: its CRD is not installed ({e}); install crds/", kind.plural, kind.group);
-                continue;
+                    "not serving {}.{}: its CRD is not installed ({e}); install crds/ (looked for again every {REDISCOVER:?})", kind.plural, kind.group);
+                lock(&controllers.unserved).push((plugin.name().to_owned(), kind.clone(), gvk));
             }
-        };
-        let api: Api<DynamicObject> = match &settings.namespace {
-            Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
-            None => Api::all_with(client.clone(), &ar),
-        };
-        let controller = format!("{}.{}", kind.plural, kind.group);
-        let ctx = Arc::new(KindCtx {
-            shared: shared.clone(),
-            ar: ar.clone(),
-            controller: controller.clone(),
-        });
-        let (tx, rx) = mpsc::unbounded();
-        lock(&owners).insert(format!("{}/{}", ar.api_version, ar.kind), (ar.clone(), tx));
-        let (rescan, rescanned) = mpsc::unbounded();
-        rescans.push(rescan);
-        let mut stop = trigger_tx.subscribe();
-        // A resource is rendered again when what its render reads changes (spec, labels,
-        // annotations), not when only its status does: most of its updates are our own status
-        // writes. Children's events, resyncs and retries reach it through the scheduler.
-        let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
-        let reader = writer.as_reader();
-        let (first_list, done) = FirstList::new();
-        listed.push((controller.clone(), done));
-        let health = (shared.metrics.clone(), controller.clone());
-        let trigger = reflector::reflector(
-            writer,
-            watcher(api, watcher::Config::default().any_semantic()),
-        )
-        .inspect(first_list.observer())
-        .inspect(move |event| watch_health(&health.0, &health.1, event))
-        .default_backoff()
-        .applied_objects()
-        .predicate_filter(render_input, PredicateConfig::default());
-        let name = controller.clone();
-        let run = Controller::for_stream_with(trigger, reader, ar.clone())
-            .with_config(
-                kube::runtime::controller::Config::default().concurrency(settings.concurrency),
-            )
-            .reconcile_on(rx)
-            .reconcile_all_on(rescanned)
-            .graceful_shutdown_on(async move {
-                let _ = stop.recv().await;
-            })
-            .run(reconcile::reconcile, reconcile::error_policy, ctx)
-            .for_each(move |result| {
-                // A reconciler's failure was logged and counted by `reconcile`; anything else
-                // (a queue or store error) would otherwise go unseen.
-                if let Err(e) = result
-                    && !matches!(e, kube::runtime::controller::Error::ReconcilerFailed(..))
-                {
-                    tracing::warn!(controller = %name, "controller: {e}");
-                }
-                futures::future::ready(())
-            });
-        tracing::info!(%controller, plugin = %plugin.name(), "controller started");
-        controllers.push(tokio::spawn(run));
+        }
     }
-    if controllers.is_empty() {
+    if lock(&controllers.running).is_empty() {
         return Err(Error::NothingToServe(
             "no CRD of any Kind the plugins serve is installed".into(),
         ));
@@ -381,10 +332,12 @@ pub async fn run(
     let rediscovery = tokio::spawn(rediscover(
         shared.clone(),
         settings.clone(),
-        rescans,
-        trigger_tx.subscribe(),
+        controllers.clone(),
     ));
-    for c in controllers {
+    // Controllers started later (a Kind whose CRD came late) are awaited too.
+    loop {
+        let next = lock(&controllers.running).pop();
+        let Some(c) = next else { break };
         let _ = c.await;
     }
     rediscovery.abort();
@@ -562,20 +515,17 @@ const REDISCOVER: Duration = Duration::from_secs(5);
 /// ServiceMonitor, installed after the operator). When one appears: watch it, wait for its first
 /// list, then apply it from then on, and reconcile every resource, so that the children that were
 /// skipped are applied within seconds, with no restart.
-async fn rediscover(
-    shared: Arc<Shared>,
-    settings: Settings,
-    rescans: Vec<mpsc::UnboundedSender<()>>,
-    mut stop: tokio::sync::broadcast::Receiver<()>,
-) {
+async fn rediscover(shared: Arc<Shared>, settings: Settings, controllers: Arc<Controllers>) {
+    let mut stop = controllers.stop.subscribe();
     loop {
         tokio::select! {
             _ = tokio::time::sleep(REDISCOVER) => {}
             _ = stop.recv() => return,
         }
+        controllers.start_found(&shared, &settings).await;
         let missing = lock(&shared.missing).clone();
         if missing.is_empty() {
-            return;
+            continue;
         }
         let found = discover(&shared.client, missing.iter().map(|(_, gvk)| gvk.clone())).await;
         let mut served = Vec::new();
@@ -631,8 +581,109 @@ async fn rediscover(
                 targets.insert(key, Ok(ar));
             }
         }
-        for rescan in &rescans {
+        for rescan in lock(&controllers.rescans).iter() {
             let _ = rescan.unbounded_send(());
+        }
+    }
+}
+
+/// The controllers of the served Kinds: those running, and the Kinds whose CRD was not
+/// installed at start.
+struct Controllers {
+    /// Fires when the operator stops (shutdown, or the Lease lost).
+    stop: tokio::sync::broadcast::Sender<()>,
+    running: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// One per controller: asks it to reconcile every resource of its Kind.
+    rescans: Mutex<Vec<mpsc::UnboundedSender<()>>>,
+    /// Served Kinds not installed yet: the plugin's name, the Kind, what to discover.
+    unserved: Mutex<Vec<(String, crate::types::KindInfo, GroupVersionKind)>>,
+}
+
+impl Controllers {
+    /// Starts the controller of `kind`, served by the cluster as `ar`; returns when its watch
+    /// has first listed.
+    fn start(
+        &self,
+        shared: &Arc<Shared>,
+        settings: &Settings,
+        plugin: &str,
+        kind: &crate::types::KindInfo,
+        ar: ApiResource,
+    ) -> (String, FirstListDone) {
+        let api: Api<DynamicObject> = match &settings.namespace {
+            Some(ns) => Api::namespaced_with(shared.client.clone(), ns, &ar),
+            None => Api::all_with(shared.client.clone(), &ar),
+        };
+        let controller = format!("{}.{}", kind.plural, kind.group);
+        let ctx = Arc::new(KindCtx {
+            shared: shared.clone(),
+            ar: ar.clone(),
+            controller: controller.clone(),
+        });
+        let (tx, rx) = mpsc::unbounded();
+        lock(&shared.owners).insert(format!("{}/{}", ar.api_version, ar.kind), (ar.clone(), tx));
+        let (rescan, rescanned) = mpsc::unbounded();
+        lock(&self.rescans).push(rescan);
+        let mut stop = self.stop.subscribe();
+        // A resource is rendered again when what its render reads changes (spec, labels,
+        // annotations), not when only its status does: most of its updates are our own status
+        // writes. Children's events, resyncs and retries reach it through the scheduler.
+        let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
+        let reader = writer.as_reader();
+        let (first_list, done) = FirstList::new();
+        let health = (shared.metrics.clone(), controller.clone());
+        let trigger = reflector::reflector(
+            writer,
+            watcher(api, watcher::Config::default().any_semantic()),
+        )
+        .inspect(first_list.observer())
+        .inspect(move |event| watch_health(&health.0, &health.1, event))
+        .default_backoff()
+        .applied_objects()
+        .predicate_filter(render_input, PredicateConfig::default());
+        let name = controller.clone();
+        let run = Controller::for_stream_with(trigger, reader, ar.clone())
+            .with_config(
+                kube::runtime::controller::Config::default().concurrency(settings.concurrency),
+            )
+            .reconcile_on(rx)
+            .reconcile_all_on(rescanned)
+            .graceful_shutdown_on(async move {
+                let _ = stop.recv().await;
+            })
+            .run(reconcile::reconcile, reconcile::error_policy, ctx)
+            .for_each(move |result| {
+                // A reconciler's failure was logged and counted by `reconcile`; anything else
+                // (a queue or store error) would otherwise go unseen.
+                if let Err(e) = result
+                    && !matches!(e, kube::runtime::controller::Error::ReconcilerFailed(..))
+                {
+                    tracing::warn!(controller = %name, "controller: {e}");
+                }
+                futures::future::ready(())
+            });
+        tracing::info!(%controller, %plugin, "controller started");
+        lock(&self.running).push(tokio::spawn(run));
+        (controller, done)
+    }
+
+    /// Starts the controllers of the served Kinds whose CRD has been installed since.
+    async fn start_found(&self, shared: &Arc<Shared>, settings: &Settings) {
+        let unserved = lock(&self.unserved).clone();
+        if unserved.is_empty() {
+            return;
+        }
+        let found = discover(
+            &shared.client,
+            unserved.iter().map(|(_, _, gvk)| gvk.clone()),
+        )
+        .await;
+        for ((plugin, kind, gvk), found) in unserved.into_iter().zip(found) {
+            if let Ok((ar, _)) = found {
+                lock(&self.unserved).retain(|(_, _, g)| *g != gvk);
+                tracing::info!(kind = %kind.kind, group = %kind.group, "its CRD is installed now: serving it");
+                self.start(shared, settings, &plugin, &kind, ar);
+            }
         }
     }
 }

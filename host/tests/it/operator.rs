@@ -542,6 +542,17 @@ async fn runs_with_its_rbac_skips_missing_crds_and_survives_an_api_server_restar
         let (ok, out) = kubectl(&cp, &args);
         assert!(ok, "kubectl {args:?}: {out}");
     }
+    // One served Kind's CRD is left out at start, to be installed while the operator runs.
+    let (ok, out) = kubectl(
+        &cp,
+        &[
+            "delete",
+            "crd",
+            "kvclusters.storage.mydatabase.io",
+            "--wait=true",
+        ],
+    );
+    assert!(ok, "{out}");
     let admin = cp.client().await.unwrap();
     let ns = cp.namespace(&admin, "app").await.unwrap();
     // The operator acts as its ServiceAccount, bound by deploy/rbac.yaml only.
@@ -626,6 +637,27 @@ async fn runs_with_its_rbac_skips_missing_crds_and_survives_an_api_server_restar
         },
     )
     .await;
+
+    // The served Kind whose CRD comes late is served without a restart.
+    let kv_crd = root.join("crds/kvclusters.storage.mydatabase.io.yaml");
+    let (ok, out) = kubectl(&cp, &["apply", "-f", &kv_crd.display().to_string()]);
+    assert!(ok, "{out}");
+    let (ok, out) = kubectl(
+        &cp,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "crd/kvclusters.storage.mydatabase.io",
+            "--timeout=30s",
+        ],
+    );
+    assert!(ok, "{out}");
+    apply(
+        &cp,
+        &ns,
+        "apiVersion: storage.mydatabase.io/v1alpha1\nkind: KVCluster\nmetadata: {name: raft}\nspec: {size: 1}\n",
+    );
+    wait_ready(&cp, &ns, "kvclusters.storage.mydatabase.io/raft");
 
     // Change the spec and kill the API server while the operator works on it.
     apply(&cp, &ns, &monitored.replace("replicas: 2", "replicas: 4"));
