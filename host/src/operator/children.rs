@@ -92,6 +92,9 @@ impl Applied {
     }
 }
 
+/// What [`Applies::saw`] records when the watch shows a child deleted while it is applied.
+pub(crate) const DELETED: &str = "(deleted)";
+
 /// The children being applied right now (keys from [`applied_key`]), each with the
 /// resourceVersions the watch showed of it meanwhile: the apply's own echo among them is no
 /// news, anything else is. Reports give way while it is not empty.
@@ -244,8 +247,14 @@ impl Waiting {
 pub(crate) type Owners =
     Arc<Mutex<BTreeMap<String, (ApiResource, mpsc::UnboundedSender<ObjectRef<DynamicObject>>)>>>;
 
-/// A child kind to watch: the resource (one of its versions) and the store to fill.
-pub(crate) type Writer = (String, ApiResource, reflector::store::Writer<LiveChild>);
+/// A child kind to watch: its kind key, the resource (one of its versions), the store to fill,
+/// and what says when it has listed.
+pub(crate) type Writer = (
+    String,
+    ApiResource,
+    reflector::store::Writer<LiveChild>,
+    FirstList,
+);
 
 /// Keeps only what reconciliation reads of an object that does not carry our ownership label:
 /// its name, uid, resourceVersion and owner references say whether it is in the way.
@@ -271,14 +280,13 @@ pub(crate) fn watch_children(
     settings: &Settings,
 ) -> Vec<(String, FirstListDone)> {
     let mut listed = Vec::new();
-    for (kind_key, child_ar, writer) in writers {
+    for (kind_key, child_ar, writer, first_list) in writers {
         let api: Api<LiveChild> = match &settings.namespace {
             Some(ns) => Api::namespaced_with(shared.client.clone(), ns, &child_ar),
             None => Api::all_with(shared.client.clone(), &child_ar),
         };
         let config = watcher::Config::default().any_semantic();
-        let (first_list, done) = FirstList::new();
-        listed.push((kind_key.clone(), done));
+        listed.push((kind_key.clone(), first_list.subscribe()));
         let health = (shared.metrics.clone(), kind_key.clone());
         let stream = reflector::reflector(writer, watcher(api, config).modify(trim_foreign))
             .inspect(first_list.observer())
@@ -329,12 +337,13 @@ pub(crate) fn watch_children(
                         let child = id(&o);
                         lock(&shared.owned).remove(&child);
                         wake(&owners, lock(&shared.waiting).take(&child));
-                        // Gone: the next reconciliation of its owner must apply it again.
-                        let mut applied = lock(&shared.applied);
+                        // Gone: the next reconciliation of its owner must apply it again. An
+                        // apply in flight must not record it as in place when it returns.
                         for owner in o.metadata.owner_references.iter().flatten() {
-                            applied.remove(&applied_key(&owner.uid, &kind_key, &child.2));
+                            let key = applied_key(&owner.uid, &kind_key, &child.2);
+                            shared.applies.saw(&key, Some(DELETED));
+                            lock(&shared.applied).remove(&key);
                         }
-                        drop(applied);
                         o
                     }
                     Ok(watcher::Event::Init) => {

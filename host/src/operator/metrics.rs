@@ -69,9 +69,10 @@ pub struct WatchLabels {
 
 /// How long a watch may keep failing before `/readyz` says the operator is not ready.
 pub const WATCH_FAILING: Duration = Duration::from_secs(30);
-/// A failure this long after the previous one starts a new run of failures (the watch's backoff
-/// retries within 30 s, so a quiet watch that failed once is not failing for ever).
-const WATCH_QUIET: Duration = Duration::from_secs(45);
+/// A failure this long after the previous one starts a new run of failures. The watch's backoff
+/// waits at most 30 s plus as much jitter between tries, so a watch that keeps failing fails
+/// again within this; a quiet watch that failed once is not failing for ever.
+const WATCH_QUIET: Duration = Duration::from_secs(75);
 /// How long one reconciliation may run before `/healthz` reports the reconcile loop stuck.
 pub const RECONCILE_STUCK: Duration = Duration::from_secs(120);
 
@@ -80,14 +81,28 @@ pub const RECONCILE_STUCK: Duration = Duration::from_secs(120);
 struct Failing {
     since: Instant,
     last: Instant,
+    /// Failures in this run.
+    count: u32,
 }
 
 /// Health that `/readyz` and `/healthz` read: failing watches and reconciliations in flight.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Health {
     watches: BTreeMap<String, Failing>,
     running: BTreeMap<u64, Instant>,
     next: u64,
+    stuck_after: Duration,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Self {
+            watches: BTreeMap::new(),
+            running: BTreeMap::new(),
+            next: 0,
+            stuck_after: RECONCILE_STUCK,
+        }
+    }
 }
 
 impl Health {
@@ -95,11 +110,14 @@ impl Health {
         let entry = self.watches.entry(watch.to_owned()).or_insert(Failing {
             since: now,
             last: now,
+            count: 0,
         });
         if now.duration_since(entry.last) > WATCH_QUIET {
             entry.since = now;
+            entry.count = 0;
         }
         entry.last = now;
+        entry.count += 1;
     }
 
     /// The watches that have failed for longer than [`WATCH_FAILING`] and are still failing.
@@ -107,8 +125,11 @@ impl Health {
         self.watches
             .iter()
             .filter(|(_, f)| {
-                now.duration_since(f.last) <= WATCH_QUIET
-                    && now.duration_since(f.since) >= WATCH_FAILING
+                // Failed again and again over WATCH_FAILING, and lately: one error, after which
+                // the watch works on quietly, is not a failing watch.
+                f.count >= 2
+                    && now.duration_since(f.last) <= WATCH_QUIET
+                    && f.last.duration_since(f.since) >= WATCH_FAILING
             })
             .map(|(w, _)| w.clone())
             .collect()
@@ -145,6 +166,8 @@ pub struct Metrics {
     /// `wasm_operator_report_errors_total`: status and event writes that failed.
     pub report_errors: Family<WriteLabels, Counter>,
     ready: AtomicBool,
+    /// Whether any watch has failed and not worked since (a fast path for every event).
+    any_failing: AtomicBool,
     health: Mutex<Health>,
 }
 
@@ -227,6 +250,7 @@ impl Default for Metrics {
             watch_errors,
             report_errors,
             ready: AtomicBool::new(false),
+            any_failing: AtomicBool::new(false),
             health: Mutex::new(Health::default()),
         }
     }
@@ -251,13 +275,22 @@ impl Metrics {
             })
             .inc();
         self.health().watch_failed(watch, Instant::now());
+        self.any_failing.store(true, Ordering::Relaxed);
     }
 
-    /// Notes that `watch` works (it delivered an event).
+    /// Sets how long a reconciliation may run before `/healthz` reports it stuck (at least
+    /// [`RECONCILE_STUCK`]; longer when renders may take longer).
+    pub fn set_stuck_after(&self, after: Duration) {
+        self.health().stuck_after = after.max(RECONCILE_STUCK);
+    }
+
+    /// Notes that `watch` works (it delivered objects, or finished a list).
     pub fn watch_ok(&self, watch: &str) {
-        let mut health = self.health();
-        if health.watches.contains_key(watch) {
+        if self.any_failing.load(Ordering::Relaxed) {
+            let mut health = self.health();
             health.watches.remove(watch);
+            self.any_failing
+                .store(!health.watches.is_empty(), Ordering::Relaxed);
         }
     }
 
@@ -296,9 +329,11 @@ impl Metrics {
 
     /// Why the operator is not healthy, if it is not.
     fn unhealthy(&self) -> Option<String> {
-        let longest = self.health().longest_running(Instant::now())?;
-        (longest > RECONCILE_STUCK).then(|| {
-            format!("unhealthy: a reconciliation has run for {longest:?} (stuck after {RECONCILE_STUCK:?})")
+        let health = self.health();
+        let longest = health.longest_running(Instant::now())?;
+        let limit = health.stuck_after;
+        (longest > limit).then(|| {
+            format!("unhealthy: a reconciliation has run for {longest:?} (stuck after {limit:?})")
         })
     }
 
@@ -389,20 +424,21 @@ mod tests {
     fn a_watch_is_failing_after_a_run_of_errors_not_after_one() {
         let mut h = Health::default();
         let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
         h.watch_failed("w", t0);
-        assert!(h.failing_watches(t0 + Duration::from_secs(10)).is_empty());
-        // One error long ago, then quiet: not failing.
-        assert!(h.failing_watches(t0 + Duration::from_secs(100)).is_empty());
+        // One error, then quiet: never failing, at any time after.
+        for s in [10, 31, 40, 44, 100] {
+            assert!(h.failing_watches(at(s)).is_empty(), "at {s} s");
+        }
         // Errors every 20 s for 40 s: failing.
-        h.watch_failed("w", t0 + Duration::from_secs(20));
-        h.watch_failed("w", t0 + Duration::from_secs(40));
-        assert_eq!(
-            h.failing_watches(t0 + Duration::from_secs(41)),
-            vec!["w".to_owned()]
-        );
+        h.watch_failed("w", at(20));
+        h.watch_failed("w", at(40));
+        assert_eq!(h.failing_watches(at(41)), vec!["w".to_owned()]);
+        // Still failing between the backoff's tries (up to 60 s apart).
+        assert_eq!(h.failing_watches(at(100)), vec!["w".to_owned()]);
         // A failure after a quiet spell starts a new run.
-        h.watch_failed("w", t0 + Duration::from_secs(200));
-        assert!(h.failing_watches(t0 + Duration::from_secs(201)).is_empty());
+        h.watch_failed("w", at(300));
+        assert!(h.failing_watches(at(301)).is_empty());
     }
 
     #[test]

@@ -3,9 +3,9 @@
 //! One controller per Kind the plugins serve. Each reconciliation renders the resource through its
 //! plugin (in a fresh sandboxed instance), checks every object, and server-side applies it under
 //! one field manager with the host's owner reference and ownership label; children a render no
-//! longer returns are deleted. Child kinds are watched (by the ownership label; the cache keeps
-//! metadata, and status for the kinds whose readiness counts), so
-//! a child deleted or edited by hand brings its owner back to reconcile. Status follows kstatus
+//! longer returns are deleted, and nothing a resource does not control is written (see
+//! `children` and `reconcile`). Every object of each child kind is watched, so a child deleted or
+//! edited by hand brings its owner back to reconcile. Status follows kstatus
 //! (`Ready`, `Reconciling`, `Stalled`, `observedGeneration`); nothing is written when nothing
 //! changed.
 
@@ -99,6 +99,9 @@ pub struct Settings {
 /// A child kind (`group/Kind`) that the cluster serves: the version watched, and its objects.
 pub(crate) struct Watched {
     pub ar: ApiResource,
+    /// Turns true once the watch has listed: until then, the store cannot say that an object
+    /// does not exist.
+    pub listed: FirstListDone,
     /// Every object of this kind, as much of it as reconciliation reads (see `children`).
     pub store: Store<LiveChild>,
 }
@@ -192,6 +195,7 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     let metrics = Arc::new(Metrics::default());
+    metrics.set_stuck_after(settings.render_wait + Duration::from_secs(60));
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;
@@ -359,8 +363,7 @@ pub async fn run(
     Ok(())
 }
 
-/// Discovers the child kinds and starts a metadata watch (by the ownership label) for each one
-/// the cluster serves.
+/// Discovers the child kinds; each the cluster serves gets a store for its watch.
 async fn setup(
     client: kube::Client,
     registry: Registry,
@@ -403,10 +406,12 @@ async fn setup(
                 if let std::collections::btree_map::Entry::Vacant(slot) = watched.entry(kind) {
                     let writer = reflector::store::Writer::<LiveChild>::new(ar.clone());
                     let store = writer.as_reader();
-                    writers.push((slot.key().clone(), ar.clone(), writer));
+                    let (first_list, listed) = FirstList::new();
+                    writers.push((slot.key().clone(), ar.clone(), writer, first_list));
                     slot.insert(Watched {
                         ar: ar.clone(),
                         store,
+                        listed,
                     });
                 }
                 Ok(ar)
@@ -421,10 +426,17 @@ async fn setup(
                     child.kind
                 ))
             }
-            Err(e) => Err(format!(
-                "discovery of {api_version} {} failed: {e}",
-                child.kind
-            )),
+            Err(e) => {
+                // Served later, perhaps (a CRD still being established, an API server busy).
+                missing.push((
+                    key.clone(),
+                    GroupVersionKind::gvk(&child.group, &child.version, &child.kind),
+                ));
+                Err(format!(
+                    "discovery of {api_version} {} failed: {e}",
+                    child.kind
+                ))
+            }
         };
         if let Err(why) = &entry {
             tracing::warn!(kind = %child.kind, "children of this kind will be skipped: {why}");
@@ -482,6 +494,11 @@ impl FirstList {
         (Self(tx), rx)
     }
 
+    /// Another receiver of the same signal.
+    pub(crate) fn subscribe(&self) -> FirstListDone {
+        self.0.subscribe()
+    }
+
     /// For `inspect` after the reflector, which has applied each event to the store by then.
     pub(crate) fn observer<K>(self) -> impl FnMut(&Result<watcher::Event<K>, watcher::Error>) {
         move |event| {
@@ -500,6 +517,8 @@ pub(crate) fn watch_health<K>(
     event: &Result<watcher::Event<K>, watcher::Error>,
 ) {
     match event {
+        // `Init` comes before a list is tried: it says nothing of whether the list works.
+        Ok(watcher::Event::Init) => {}
         Ok(_) => metrics.watch_ok(watch),
         Err(e) => {
             metrics.watch_error(watch);
@@ -543,20 +562,16 @@ async fn rediscover(shared: Arc<Shared>, settings: Settings, controllers: Arc<Co
             continue;
         }
         let mut writers = Vec::new();
+        let mut stores = Vec::new();
         for (_, ar) in &served {
             let kind = children::kind_key(&ar.api_version, &ar.kind);
             if !read(&shared.watched).contains_key(&kind) {
-                writers.push((
-                    kind,
-                    ar.clone(),
-                    reflector::store::Writer::<LiveChild>::new(ar.clone()),
-                ));
+                let writer = reflector::store::Writer::<LiveChild>::new(ar.clone());
+                let (first_list, listed) = FirstList::new();
+                stores.push((kind.clone(), ar.clone(), writer.as_reader(), listed));
+                writers.push((kind, ar.clone(), writer, first_list));
             }
         }
-        let stores: Vec<_> = writers
-            .iter()
-            .map(|(kind, ar, w)| (kind.clone(), ar.clone(), w.as_reader()))
-            .collect();
         let listed = children::watch_children(&shared, writers, &settings);
         for (name, mut done) in listed {
             if tokio::time::timeout(SYNC_TIMEOUT, done.wait_for(|d| *d))
@@ -568,8 +583,8 @@ async fn rediscover(shared: Arc<Shared>, settings: Settings, controllers: Arc<Co
         }
         {
             let mut watched = write(&shared.watched);
-            for (kind, ar, store) in stores {
-                watched.insert(kind, Watched { ar, store });
+            for (kind, ar, store, listed) in stores {
+                watched.insert(kind, Watched { ar, store, listed });
             }
         }
         {
@@ -736,6 +751,9 @@ fn render_input(obj: &DynamicObject) -> Option<u64> {
 
 /// How long to wait after the `n`th failure in a row: 1 s doubling to 5 minutes.
 pub(crate) fn backoff(n: u32) -> Action {
-    let secs = 1u64.checked_shl(n.min(9)).unwrap_or(300).min(300);
+    let secs = 1u64
+        .checked_shl(n.saturating_sub(1).min(9))
+        .unwrap_or(300)
+        .min(300);
     Action::requeue(Duration::from_secs(secs))
 }

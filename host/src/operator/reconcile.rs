@@ -24,7 +24,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 
-use super::children::{Applied, ChildId, applied_key, controller_uid, kind_key};
+use super::children::{Applied, ChildId, DELETED, applied_key, controller_uid, kind_key};
 use super::metrics::{ControllerLabels, FailureLabels, Metrics, PluginLabels, ResultLabels};
 use super::report::{self, Key};
 use super::status::{self, Child, Outcome, Problem, Skipped};
@@ -312,7 +312,7 @@ fn report_render_failure(
     let suffix = if retrying {
         "will retry"
     } else {
-        "not retried until the resource or its plugin changes"
+        "not retried until the resource or its plugin changes, beyond the 10-minute resync"
     };
     let outcome = Outcome {
         problems: vec![Problem {
@@ -341,6 +341,9 @@ pub(crate) trait View {
     fn live(&self, kind_key: &str, namespace: &str, name: &str) -> Option<Arc<LiveChild>>;
     /// What our last apply of the child with this key left.
     fn applied(&self, key: &str) -> Option<Applied>;
+    /// Whether the watch of kind `group/Kind` has listed: before, an object it does not show
+    /// may still exist.
+    fn listed(&self, kind_key: &str) -> bool;
 }
 
 impl View for Shared {
@@ -358,6 +361,12 @@ impl View for Shared {
 
     fn applied(&self, key: &str) -> Option<Applied> {
         lock(&self.applied).get(key).cloned()
+    }
+
+    fn listed(&self, kind_key: &str) -> bool {
+        read(&self.watched)
+            .get(kind_key)
+            .is_some_and(|w| *w.listed.borrow())
     }
 }
 
@@ -431,6 +440,9 @@ pub(crate) struct Plan {
     pub skipped: Vec<Skipped>,
     /// Children not applied: another controls the object, or nobody does.
     pub conflicts: Vec<Conflict>,
+    /// Children not created yet: the watch of their kind has not listed, so whether an object
+    /// of that name exists is not known.
+    pub unknown: Vec<String>,
     /// Every rendered child, by kind key and name: what prune keeps.
     pub desired: BTreeSet<(String, String)>,
 }
@@ -532,6 +544,10 @@ pub(crate) fn plan(objects: Vec<Value>, owner: &Owner, view: &impl View) -> Plan
             // A child we applied that the watch has not shown yet is not applied again: a
             // deletion of it is seen by the watch, which then forgets the apply.
             None if remembered.is_some_and(|p| p.hash == h) => Write::Skip,
+            None if !view.listed(&key) => {
+                plan.unknown.push(format!("{kind} {name}"));
+                continue;
+            }
             None => Write::Create,
         };
         let changed = previous.as_ref().is_none_or(|p| p.hash != h) || live.is_none();
@@ -647,9 +663,17 @@ enum Answer {
 fn answer(e: &kube::Error) -> Answer {
     match e {
         kube::Error::Api(s) if s.code == 404 => Answer::NotServed(s.message.clone()),
-        // The uid in the body is not the object's ("uid mismatch: the provided object specified
-        // uid ..., and no existing object was found", or a different one).
-        kube::Error::Api(s) if s.code == 409 && s.message.to_lowercase().contains("uid") => {
+        // The object is not the one the plan saw: gone ("uid mismatch: the provided object
+        // specified uid ..., and no existing object was found"), replaced (metadata.uid is
+        // immutable), or taken meanwhile by another controller (only one reference may be the
+        // controller).
+        kube::Error::Api(s)
+            if (s.code == 409 && s.message.contains("uid mismatch"))
+                || (s.code == 422
+                    && (s.message.contains("metadata.uid")
+                        || s.message
+                            .contains("Only one reference can have Controller set to true"))) =>
+        {
             Answer::Raced(s.message.clone())
         }
         kube::Error::Api(s) if (400..500).contains(&s.code) && s.code != 409 && s.code != 429 => {
@@ -700,17 +724,22 @@ async fn apply(
         let live_object = match result {
             Ok(answer) => {
                 if let Some(answer) = &answer {
-                    out.look_again |= seen_meanwhile.get(&planned.cache_key).is_some_and(|seen| {
+                    let seen = seen_meanwhile.get(&planned.cache_key);
+                    out.look_again |= seen.is_some_and(|seen| {
                         seen.iter()
                             .any(|rv| Some(rv) != answer.metadata.resource_version.as_ref())
                     });
+                    // Deleted while applied (after the apply landed): nothing is in place.
+                    let deleted = seen.is_some_and(|seen| seen.iter().any(|rv| rv == DELETED));
                     let now = Applied {
                         hash: planned.hash,
                         generation: answer.metadata.generation,
                         resource_version: answer.metadata.resource_version.clone(),
                     };
-                    lock(&shared.applied).insert(planned.cache_key.clone(), now.clone());
-                    record = Some(now);
+                    if !deleted {
+                        lock(&shared.applied).insert(planned.cache_key.clone(), now.clone());
+                        record = Some(now);
+                    }
                     if planned.changed {
                         out.changed
                             .push(format!("{} {}", planned.kind, planned.name));
@@ -897,6 +926,13 @@ fn report(
     if !pruned.failed.is_empty() {
         problems.push(problem("PruneFailed", &pruned.failed, true));
     }
+    if !plan.unknown.is_empty() {
+        let message = format!(
+            "not created yet: the watch of their kind has not listed, so an object of that name may exist: {}",
+            plan.unknown.join(", ")
+        );
+        problems.push(problem("WatchNotListed", &[message], true));
+    }
     let outcome = Outcome {
         children: applied.children,
         skipped,
@@ -928,7 +964,7 @@ fn publish(ctx: &KindCtx, obj: &DynamicObject, type_: EventType, reason: &str, n
     let event = Event {
         type_,
         reason: reason.to_owned(),
-        note: Some(status::bounded(&note)),
+        note: Some(status::bounded_to(&note, status::MAX_NOTE)),
         action: "Reconcile".into(),
         secondary: None,
     };
@@ -1008,6 +1044,7 @@ mod tests {
         targets: BTreeMap<String, Result<ApiResource, String>>,
         live: BTreeMap<(String, String, String), Arc<LiveChild>>,
         applied: BTreeMap<String, Applied>,
+        unlisted: BTreeSet<String>,
     }
 
     impl View for Caches {
@@ -1021,6 +1058,9 @@ mod tests {
         }
         fn applied(&self, key: &str) -> Option<Applied> {
             self.applied.get(key).cloned()
+        }
+        fn listed(&self, kind_key: &str) -> bool {
+            !self.unlisted.contains(kind_key)
         }
     }
 
@@ -1109,6 +1149,15 @@ mod tests {
         assert_eq!(body["metadata"]["ownerReferences"][0]["controller"], true);
         // The API server accepts no uid on create.
         assert!(body["metadata"].get("uid").is_none());
+    }
+
+    #[test]
+    fn nothing_is_created_before_the_watch_of_its_kind_has_listed() {
+        let mut c = caches();
+        c.unlisted.insert("/Service".into());
+        let plan = plan(vec![service("web")], &owner(false), &c);
+        assert!(plan.children.is_empty());
+        assert_eq!(plan.unknown, vec!["Service web".to_owned()]);
     }
 
     #[test]
@@ -1279,7 +1328,24 @@ mod tests {
         };
         let mismatch = "Operation cannot be fulfilled on deployments.apps \"web\": uid mismatch: the provided object specified uid a, and no existing object was found";
         assert_eq!(answer(&api(409, mismatch)), Answer::Raced(mismatch.into()));
-        assert!(matches!(answer(&api(409, "conflict")), Answer::Retry));
+        assert!(matches!(
+            answer(&api(409, "conflict on fluid")),
+            Answer::Retry
+        ));
+        assert!(matches!(
+            answer(&api(
+                422,
+                "metadata.ownerReferences: Invalid value: Only one reference can have Controller set to true"
+            )),
+            Answer::Raced(_)
+        ));
+        assert!(matches!(
+            answer(&api(
+                422,
+                "metadata.uid: Invalid value: \"b\": field is immutable"
+            )),
+            Answer::Raced(_)
+        ));
         assert!(matches!(answer(&api(429, "slow down")), Answer::Retry));
         assert!(matches!(answer(&api(500, "oops")), Answer::Retry));
         assert!(matches!(

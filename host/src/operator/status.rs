@@ -108,12 +108,21 @@ impl Outcome {
 /// reads the first lines (the events and the logs have each problem in full).
 const MAX_MESSAGE: usize = 4096;
 
+/// The longest event note the API server accepts (`events.k8s.io/v1`).
+pub(crate) const MAX_NOTE: usize = 1024;
+
 /// `message`, cut at [`MAX_MESSAGE`] bytes on a character boundary, saying so.
 pub(crate) fn bounded(message: &str) -> String {
-    if message.len() <= MAX_MESSAGE {
+    bounded_to(message, MAX_MESSAGE)
+}
+
+/// `message`, cut to at most `limit` bytes on a character boundary, saying so.
+pub(crate) fn bounded_to(message: &str, limit: usize) -> String {
+    if message.len() <= limit {
         return message.to_owned();
     }
-    let mut end = MAX_MESSAGE;
+    // Room for the note saying how much was cut.
+    let mut end = limit.saturating_sub(32);
     while !message.is_char_boundary(end) {
         end -= 1;
     }
@@ -196,8 +205,9 @@ pub(crate) fn status(
     let cond = |type_: &str, status: bool, reason: &str, message: &str| {
         condition(type_, status, reason, message, generation, previous, &now)
     };
-    let (stalled_reason, stalled_message) = if stalled {
-        (reason, message.as_str())
+    let first_stalled = problems.iter().find(|p| !p.retrying);
+    let (stalled_reason, stalled_message) = if let Some(p) = first_stalled {
+        (p.reason.as_str(), p.message.as_str())
     } else if problems.is_empty() {
         ("Applied", "children applied")
     } else {
@@ -375,7 +385,8 @@ mod tests {
     fn long_messages_are_cut_on_a_character_boundary() {
         let long = "é".repeat(5000);
         let cut = bounded(&long);
-        assert!(cut.len() < MAX_MESSAGE + 64, "{}", cut.len());
+        assert!(cut.len() <= MAX_MESSAGE, "{}", cut.len());
+        assert!(bounded_to(&long, MAX_NOTE).len() <= MAX_NOTE);
         assert!(cut.ends_with("more bytes)"), "{cut}");
         assert_eq!(bounded("short"), "short");
     }

@@ -24,6 +24,8 @@ use super::bindings::{Plugin as Bindings, PluginPre};
 use super::{Limits, TICK};
 use crate::error::{MAX_ERROR_MESSAGE, PluginError, bounded};
 
+/// How many resource handles (pollables, streams) a call may hold at once.
+const MAX_HANDLES: usize = 10_000;
 /// How much of a plugin's stderr is kept, to explain a panic.
 const STDERR_CAPACITY: usize = 16 << 10;
 /// The bytes every random source cycles through.
@@ -190,7 +192,13 @@ pub(crate) fn store(
         .build();
     let state = Sandbox {
         wasi,
-        table: ResourceTable::new(),
+        table: {
+            // Every handle a guest holds (a clock subscription is two) is host memory outside
+            // the linear-memory cap; a render needs a handful.
+            let mut table = ResourceTable::new();
+            table.set_max_capacity(MAX_HANDLES);
+            table
+        },
         memory_cap: limits.memory_bytes,
         memory_total: 0,
         denied_growth: None,
