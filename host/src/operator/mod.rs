@@ -10,6 +10,7 @@
 //! changed.
 
 mod children;
+pub mod lease;
 mod live;
 pub mod metrics;
 mod reconcile;
@@ -138,6 +139,16 @@ pub(crate) struct Shared {
     pub synced: tokio::sync::watch::Sender<bool>,
     /// See [`Settings::render_wait`].
     pub render_wait: Duration,
+    /// Whether this replica may write (it leads, and renewed its Lease in time).
+    pub fence: Arc<lease::Fence>,
+}
+
+/// The error of a write this replica may not send: it does not lead, or its Lease was not
+/// renewed in time.
+pub(crate) fn not_leading() -> kube::Error {
+    kube::Error::Service(Box::new(std::io::Error::other(
+        "not sent: this replica does not hold the Lease (or could not renew it in time)",
+    )))
 }
 
 /// Reads `l`, as [`lock`] locks.
@@ -163,8 +174,12 @@ impl Shared {
         &self,
         verb: &str,
         ar: &ApiResource,
-        call: impl std::future::Future<Output = T>,
-    ) -> T {
+        call: impl std::future::Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, kube::Error> {
+        // A replica that may not write (its Lease not renewed in time) sends nothing.
+        if !self.fence.allows() {
+            return Err(not_leading());
+        }
         self.metrics
             .write(verb, &format!("{}.{}", ar.plural, ar.group));
         // The semaphore is never closed; without a permit, the write goes anyway.
@@ -220,18 +235,16 @@ pub async fn run(
 
     // Leader election: only the leader reconciles; the others wait.
     let mut leadership = None;
+    let mut fence = lease::Fence::open();
     if settings.leader_election {
-        let manager =
-            kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &settings.lease_name)
-                .with_namespace(&settings.lease_namespace)
-                .with_identity(&settings.identity)
-                .with_duration(15)
-                .with_grace(5)
-                .with_field_manager(FIELD_MANAGER)
-                .build()
-                .await
-                .map_err(|e| Error::Lease(e.to_string()))?;
-        let (mut is_leader, handle) = manager.watch().await;
+        let (is_leader, lease_fence, handle) = lease::elect(
+            client.clone(),
+            &settings.lease_namespace,
+            &settings.lease_name,
+            &settings.identity,
+        );
+        let mut is_leader = is_leader;
+        fence = lease_fence;
         tracing::info!(identity = %settings.identity, lease = %settings.lease_name, "waiting to lead");
         metrics.set_ready(true);
         let mut stop = stop_rx.clone();
@@ -250,7 +263,14 @@ pub async fn run(
         leadership = Some((is_leader, handle));
     }
 
-    let (shared, writers) = setup(client.clone(), registry, metrics.clone(), &settings).await?;
+    let (shared, writers) = setup(
+        client.clone(),
+        registry,
+        metrics.clone(),
+        &settings,
+        fence.clone(),
+    )
+    .await?;
     let shared = Arc::new(shared);
     let mut report_workers = Vec::new();
     for _ in 0..report::WORKERS {
@@ -369,6 +389,7 @@ async fn setup(
     registry: Registry,
     metrics: Arc<Metrics>,
     settings: &Settings,
+    fence: Arc<lease::Fence>,
 ) -> Result<(Shared, Vec<children::Writer>), Error> {
     // Every child kind once (by `group/version/Kind`), all discovered at once.
     let mut wanted = BTreeMap::new();
@@ -453,7 +474,9 @@ async fn setup(
             client.clone(),
             Recorder::new(client.clone(), reporter),
             applies.clone(),
+            fence.clone(),
         ),
+        fence,
         applies,
         client,
         registry: Arc::new(registry),

@@ -163,10 +163,17 @@ pub(crate) struct Reports {
     idle: Notify,
     /// The applies reports give way to.
     applies: Arc<Applies>,
+    /// Whether this replica may write.
+    fence: Arc<super::lease::Fence>,
 }
 
 impl Reports {
-    pub(crate) fn new(client: kube::Client, recorder: Recorder, applies: Arc<Applies>) -> Self {
+    pub(crate) fn new(
+        client: kube::Client,
+        recorder: Recorder,
+        applies: Arc<Applies>,
+        fence: Arc<super::lease::Fence>,
+    ) -> Self {
         Self {
             client,
             recorder,
@@ -175,6 +182,7 @@ impl Reports {
             in_flight: AtomicUsize::new(0),
             idle: Notify::new(),
             applies,
+            fence,
         }
     }
 
@@ -256,6 +264,9 @@ impl Reports {
                         }
                     }
                 }
+                Ok(Work::Event(..)) if !self.fence.allows() => {
+                    tracing::debug!("event not written: this replica may not write");
+                }
                 Ok(Work::Event(event, regarding, controller)) => {
                     metrics.write("event", "events.events.k8s.io");
                     if let Err(e) = self.recorder.publish(&event, &regarding).await {
@@ -292,6 +303,9 @@ impl Reports {
         write: &StatusWrite,
         metrics: &Metrics,
     ) -> Result<(), kube::Error> {
+        if !self.fence.allows() {
+            return Err(super::not_leading());
+        }
         let api: Api<DynamicObject> =
             Api::namespaced_with(self.client.clone(), &key.namespace, &write.ar);
         metrics.write("apply_status", &key.controller);

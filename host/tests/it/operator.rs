@@ -122,6 +122,17 @@ impl Operator {
             .sum()
     }
 
+    /// Stops the operator and returns how its run ended.
+    async fn finish(mut self) -> Result<(), host::operator::Error> {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        match tokio::time::timeout(Duration::from_secs(30), self.task).await {
+            Ok(Ok(result)) => result,
+            other => panic!("the operator did not stop: {other:?}"),
+        }
+    }
+
     async fn stop(mut self) {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
@@ -1045,4 +1056,168 @@ async fn a_restart_with_nothing_changed_writes_nothing() {
         .any(|l| l.starts_with("controller_runtime_reconcile_total{") && !l.ends_with(" 0"));
     assert!(reconciled, "the new operator reconciled nothing");
     second.stop().await;
+}
+
+/// When the API server received a request, from its audit event.
+fn received(event: &Value) -> k8s_openapi::jiff::Timestamp {
+    event["requestReceivedTimestamp"]
+        .as_str()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no requestReceivedTimestamp in {event}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_stops_writing_before_another_takes_over() {
+    // A control plane of its own, whose audit log holds only this test's writes.
+    let cp = ControlPlane::start().unwrap();
+    let _logs = cp.logs_on_failure();
+    let root = crate::support::root();
+    for file in ["crds/", "deploy/namespace.yaml", "deploy/rbac.yaml"] {
+        let (ok, out) = kubectl(
+            &cp,
+            &["apply", "-f", &root.join(file).display().to_string()],
+        );
+        assert!(ok, "{out}");
+    }
+    let (ok, out) = kubectl(
+        &cp,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "crd",
+            "--all",
+            "--timeout=60s",
+        ],
+    );
+    assert!(ok, "{out}");
+    let admin = cp.client().await.unwrap();
+    let ns = cp.namespace(&admin, "partition").await.unwrap();
+    // Replica A reaches the API server through a proxy the test can cut; B directly. Both act
+    // as the operator's ServiceAccount; the audit log tells them apart by user agent.
+    let proxy = cp.proxy().unwrap();
+    let client = |server: Option<String>, agent: &'static str| {
+        let (cp, admin) = (&cp, admin.clone());
+        async move {
+            cp.service_account_client_via(
+                &admin,
+                "wasm-operator",
+                "wasm-operator",
+                server.as_deref(),
+                Some(agent),
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let a = Operator::start_with(
+        client(Some(proxy.url()), "replica-a").await,
+        Some(&ns),
+        "wasm-operator",
+        "replica-a",
+        "hanzo.ai",
+        &[],
+    )
+    .await;
+    apply(&cp, &ns, WEB);
+    wait_ready(&cp, &ns, "services.hanzo.ai/web");
+    let b = Operator::start_with(
+        client(None, "replica-b").await,
+        Some(&ns),
+        "wasm-operator",
+        "replica-b",
+        "hanzo.ai",
+        &[],
+    )
+    .await;
+    let holder = || {
+        get(&cp, "wasm-operator", "lease/wasm-operator")
+            .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_owned))
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(holder().as_deref(), Some("replica-a"));
+
+    // Cut A off. The resource changes meanwhile: there is work for whoever leads.
+    proxy.cut();
+    let cut = Instant::now();
+    apply(&cp, &ns, &WEB.replace("replicas: 2", "replicas: 3"));
+    eventually(
+        "replica-b to take the Lease",
+        Duration::from_secs(60),
+        || holder().as_deref() == Some("replica-b"),
+    )
+    .await;
+    println!("replica-b took the Lease {:?} after the cut", cut.elapsed());
+    eventually(
+        "replica-b to apply the change",
+        Duration::from_secs(30),
+        || get(&cp, &ns, "deployment/web").is_some_and(|d| d["spec"]["replicas"] == 3),
+    )
+    .await;
+    // A's network comes back: a leader that had not stopped would now write alongside B.
+    proxy.restore();
+    apply(&cp, &ns, &WEB.replace("replicas: 2", "replicas: 4"));
+    eventually(
+        "replica-b to apply the next change",
+        Duration::from_secs(30),
+        || get(&cp, &ns, "deployment/web").is_some_and(|d| d["spec"]["replicas"] == 4),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let ended = a.finish().await;
+    assert!(
+        matches!(&ended, Err(host::operator::Error::Lease(_))),
+        "replica-a should have stepped down: {ended:?}"
+    );
+
+    // The API server's own record.
+    let audit = cp.audit_log();
+    let by = |agent: &str| -> Vec<&Value> {
+        audit
+            .iter()
+            .filter(|e| e["userAgent"].as_str().is_some_and(|u| u.contains(agent)))
+            .collect()
+    };
+    let (a_events, b_events) = (by("replica-a"), by("replica-b"));
+    let is_lease = |e: &Value| e["objectRef"]["resource"] == "leases";
+    let ok = |e: &Value| {
+        e["responseStatus"]["code"]
+            .as_i64()
+            .is_some_and(|c| c < 300)
+    };
+    let a_renewed = a_events
+        .iter()
+        .filter(|e| is_lease(e) && ok(e))
+        .map(|e| received(e))
+        .max()
+        .expect("replica-a renewed its Lease");
+    let b_acquired = b_events
+        .iter()
+        .filter(|e| is_lease(e) && ok(e))
+        .map(|e| received(e))
+        .min()
+        .expect("replica-b took the Lease");
+    let a_writes: Vec<&Value> = a_events.iter().copied().filter(|e| !is_lease(e)).collect();
+    let b_writes: Vec<&Value> = b_events.iter().copied().filter(|e| !is_lease(e)).collect();
+    assert!(
+        !a_writes.is_empty() && !b_writes.is_empty(),
+        "both replicas wrote"
+    );
+    let deadline = a_renewed + k8s_openapi::jiff::SignedDuration::from_secs(10);
+    for w in &a_writes {
+        assert!(
+            received(w) <= deadline,
+            "replica-a wrote after its renew deadline ({deadline}): {w}"
+        );
+    }
+    let a_last = a_writes.iter().map(|e| received(e)).max().unwrap();
+    let b_first = b_writes.iter().map(|e| received(e)).min().unwrap();
+    assert!(
+        a_last < b_acquired && a_last < b_first,
+        "two writers at once: replica-a's last write {a_last}, replica-b leads from {b_acquired}, first writes {b_first}"
+    );
+    println!(
+        "replica-a: last renewal {a_renewed}, last write {a_last}; replica-b: Lease {b_acquired}, first write {b_first}"
+    );
+    b.stop().await;
+    drop(proxy);
 }

@@ -373,7 +373,15 @@ impl ControlPlane {
                 "--log-level=warn".into(),
             ],
         )?;
+        // Every write, as the API server saw it: who (user and user agent), what, when.
+        let audit_policy = write(
+            "audit-policy.yaml",
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: None\n  verbs: [get, list, watch]\n- level: Metadata\n",
+        )?;
         cp.spawn("kube-apiserver", &[
+            format!("--audit-policy-file={}", p(&audit_policy)),
+            format!("--audit-log-path={}", p(&d.join("audit.log"))),
+            "--audit-log-format=json".into(),
             format!("--etcd-servers={etcd_url}"),
             "--bind-address=127.0.0.1".into(),
             "--advertise-address=127.0.0.1".into(),
@@ -576,12 +584,35 @@ impl ControlPlane {
         Ok(kube::Client::try_from(config)?)
     }
 
+    /// The API server's audit log: one JSON event per write request (reads are not logged).
+    pub fn audit_log(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(self.dir.path().join("audit.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
     /// A client acting as the ServiceAccount `namespace/name`, with a token from TokenRequest.
     pub async fn service_account_client(
         &self,
         admin: &kube::Client,
         namespace: &str,
         name: &str,
+    ) -> Result<kube::Client> {
+        self.service_account_client_via(admin, namespace, name, None, None)
+            .await
+    }
+
+    /// As [`ControlPlane::service_account_client`], reaching the API server at `server` (a
+    /// [`Proxy`]'s address, say) and sending `user_agent`, which the audit log records.
+    pub async fn service_account_client_via(
+        &self,
+        admin: &kube::Client,
+        namespace: &str,
+        name: &str,
+        server: Option<&str>,
+        user_agent: Option<&str>,
     ) -> Result<kube::Client> {
         let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), namespace);
         let request = TokenRequest {
@@ -615,7 +646,24 @@ impl ControlPlane {
             token: Some(token.into()),
             ..Default::default()
         };
+        if let Some(server) = server {
+            config.cluster_url = server
+                .parse()
+                .map_err(|e| Error::Kubeconfig(format!("{server}: {e}")))?;
+        }
+        if let Some(agent) = user_agent {
+            config.headers.push((
+                http::header::USER_AGENT,
+                http::HeaderValue::from_str(agent).map_err(|e| Error::Kubeconfig(e.to_string()))?,
+            ));
+        }
         Ok(kube::Client::try_from(config)?)
+    }
+
+    /// A TCP proxy on loopback in front of the API server, which a test can cut.
+    pub fn proxy(&self) -> Result<Proxy> {
+        let upstream = self.server.trim_start_matches("https://").to_owned();
+        Proxy::start(upstream)
     }
 
     /// Creates a namespace `<prefix>-<n>` of the test's own and returns its name.
@@ -767,5 +815,106 @@ impl Drop for ControlPlane {
         for p in procs.iter_mut().rev() {
             stop(&mut p.child);
         }
+    }
+}
+
+/// A TCP proxy on loopback, for injecting a network partition between one client and the API
+/// server: [`Proxy::cut`] closes every connection through it and refuses new ones (they are
+/// accepted and closed at once) until [`Proxy::restore`].
+#[derive(Debug)]
+pub struct Proxy {
+    addr: std::net::SocketAddr,
+    state: std::sync::Arc<ProxyState>,
+}
+
+#[derive(Debug, Default)]
+struct ProxyState {
+    cut: std::sync::atomic::AtomicBool,
+    stop: std::sync::atomic::AtomicBool,
+    open: Mutex<Vec<std::net::TcpStream>>,
+}
+
+impl Proxy {
+    fn start(upstream: String) -> Result<Self> {
+        use std::sync::atomic::Ordering;
+        let listener = TcpListener::bind("127.0.0.1:0").map_err(io("binding the proxy"))?;
+        let addr = listener
+            .local_addr()
+            .map_err(io("reading the proxy's address"))?;
+        let state = std::sync::Arc::new(ProxyState::default());
+        let shared = state.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                if shared.stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                let Ok(client) = client else { continue };
+                if shared.cut.load(Ordering::Relaxed) {
+                    let _ = client.shutdown(std::net::Shutdown::Both);
+                    continue;
+                }
+                let Ok(server) = std::net::TcpStream::connect(&upstream) else {
+                    continue;
+                };
+                let pipe = |from: &std::net::TcpStream, to: &std::net::TcpStream| {
+                    let (mut from, mut to) = (from.try_clone().ok()?, to.try_clone().ok()?);
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                    Some(())
+                };
+                if pipe(&client, &server)
+                    .and_then(|()| pipe(&server, &client))
+                    .is_none()
+                {
+                    continue;
+                }
+                let mut open = shared
+                    .open
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                open.extend([client, server]);
+            }
+        });
+        Ok(Self { addr, state })
+    }
+
+    /// `https://127.0.0.1:<port>`, for a client (the API server's certificate names 127.0.0.1).
+    pub fn url(&self) -> String {
+        format!("https://{}", self.addr)
+    }
+
+    /// Cuts every connection through the proxy, and every new one, until restored.
+    pub fn cut(&self) {
+        self.state
+            .cut
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut open = self
+            .state
+            .open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for s in open.drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// Lets connections through again.
+    pub fn restore(&self) {
+        self.state
+            .cut
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.cut();
+        self.state
+            .stop
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        // Wake the accept loop so that it sees `stop`.
+        let _ = std::net::TcpStream::connect(self.addr);
     }
 }

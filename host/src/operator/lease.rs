@@ -1,0 +1,287 @@
+//! Leader election on a Lease, with a renew deadline that fences writes.
+//!
+//! A leader renews the Lease every [`RETRY`]. If it cannot renew for [`RENEW_DEADLINE`] (it is
+//! cut off from the API server, say), it stops writing at once and steps down, before the Lease
+//! can expire ([`LEASE_DURATION`]) and another replica take it: two replicas never write at the
+//! same time. The [`Fence`] is checked on every write, so it holds even while the elector's own
+//! task waits on a request that will never return.
+//!
+//! A standby judges the Lease expired by its own clock: when the record (holder and renew time)
+//! has not changed for the Lease's duration since it last saw it change, as client-go does, so
+//! clocks that disagree between nodes do not matter.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, PostParams};
+use tokio::sync::watch;
+
+/// How long a Lease holds without renewal.
+pub const LEASE_DURATION: Duration = Duration::from_secs(15);
+/// How long a leader may fail to renew before it stops writing: shorter than the Lease's
+/// duration by enough to finish what is in flight.
+pub const RENEW_DEADLINE: Duration = Duration::from_secs(10);
+/// How often the Lease is renewed or tried for.
+pub const RETRY: Duration = Duration::from_secs(2);
+
+// Renewed at t, a leader stops writing at t + RENEW_DEADLINE; another replica may take the Lease
+// at t + LEASE_DURATION at the earliest, by its own clock, and a last try may be in flight.
+const _: () = assert!(RENEW_DEADLINE.as_secs() + RETRY.as_secs() < LEASE_DURATION.as_secs());
+
+/// Whether this replica may write now. Without leader election it always may.
+#[derive(Debug)]
+pub struct Fence {
+    base: Instant,
+    /// Milliseconds since `base` until which writes are allowed; `u64::MAX` without election.
+    until_ms: AtomicU64,
+}
+
+impl Fence {
+    /// A fence that never closes (no leader election).
+    pub fn open() -> Arc<Self> {
+        Arc::new(Self {
+            base: Instant::now(),
+            until_ms: AtomicU64::new(u64::MAX),
+        })
+    }
+
+    /// A fence that is closed until the Lease is first won.
+    fn closed() -> Arc<Self> {
+        Arc::new(Self {
+            base: Instant::now(),
+            until_ms: AtomicU64::new(0),
+        })
+    }
+
+    /// Whether a write may be sent now.
+    pub fn allows(&self) -> bool {
+        let now = u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX);
+        now < self.until_ms.load(Ordering::Acquire)
+    }
+
+    /// Allows writes until `until`.
+    fn extend(&self, until: Instant) {
+        let ms = until.saturating_duration_since(self.base).as_millis();
+        self.until_ms
+            .store(u64::try_from(ms).unwrap_or(u64::MAX), Ordering::Release);
+    }
+
+    fn close(&self) {
+        self.until_ms.store(0, Ordering::Release);
+    }
+}
+
+/// Who holds the Lease, as last seen, and when the record last changed by our clock.
+#[derive(Debug, Clone, PartialEq)]
+struct Seen {
+    holder: Option<String>,
+    renew: Option<String>,
+}
+
+/// Campaigns for the Lease `namespace/name` as `identity`. Returns whether this replica leads
+/// (true while it does; false for good once it stepped down), the fence its writes check, and
+/// the task, which releases the Lease when every receiver is dropped.
+pub fn elect(
+    client: kube::Client,
+    namespace: &str,
+    name: &str,
+    identity: &str,
+) -> (
+    watch::Receiver<bool>,
+    Arc<Fence>,
+    tokio::task::JoinHandle<()>,
+) {
+    let api: Api<Lease> = Api::namespaced(client, namespace);
+    let fence = Fence::closed();
+    let (tx, rx) = watch::channel(false);
+    let task = tokio::spawn(campaign(
+        api,
+        name.to_owned(),
+        identity.to_owned(),
+        tx,
+        fence.clone(),
+    ));
+    (rx, fence, task)
+}
+
+async fn campaign(
+    api: Api<Lease>,
+    name: String,
+    identity: String,
+    leading: watch::Sender<bool>,
+    fence: Arc<Fence>,
+) {
+    let mut seen: Option<(Seen, Instant)> = None;
+    let mut last_renewal: Option<Instant> = None;
+    loop {
+        if leading.is_closed() {
+            break;
+        }
+        let attempt = Instant::now();
+        // A request that hangs (a partition) must not hold the loop past the deadline.
+        let result = tokio::time::timeout(RETRY, try_acquire(&api, &name, &identity, &mut seen))
+            .await
+            .unwrap_or_else(|_| Err(format!("no answer within {RETRY:?}")));
+        match result {
+            Ok(true) => {
+                if last_renewal.is_none() {
+                    tracing::info!(%identity, lease = %name, "acquired the Lease");
+                }
+                // Valid from when we asked: others count the Lease's duration from no earlier.
+                last_renewal = Some(attempt);
+                fence.extend(attempt + RENEW_DEADLINE);
+                leading.send_if_modified(|l| !std::mem::replace(l, true));
+            }
+            Ok(false) => {
+                if last_renewal.is_some() {
+                    // Another replica holds it: we lost it (our renewals failed for too long).
+                    fence.close();
+                    tracing::warn!(%identity, lease = %name, "another replica holds the Lease; stepping down");
+                    leading.send_replace(false);
+                    return;
+                }
+            }
+            Err(e) => {
+                if let Some(renewed) = last_renewal {
+                    tracing::warn!(%identity, lease = %name, "could not renew the Lease: {e}");
+                    if renewed.elapsed() >= RENEW_DEADLINE {
+                        fence.close();
+                        tracing::error!(%identity, lease = %name,
+                            "no renewal for {RENEW_DEADLINE:?}: stopped writing, stepping down before the Lease can expire");
+                        leading.send_replace(false);
+                        return;
+                    }
+                } else {
+                    tracing::debug!(%identity, lease = %name, "could not read the Lease: {e}");
+                }
+            }
+        }
+        let next = attempt + RETRY;
+        tokio::select! {
+            _ = tokio::time::sleep_until(next.into()) => {}
+            _ = leading.closed() => break,
+        }
+    }
+    // Every receiver is gone: the operator stopped. Release the Lease if we hold it, so that a
+    // standby takes over at once.
+    fence.close();
+    if last_renewal.is_some() {
+        let _ = tokio::time::timeout(RETRY, release(&api, &name, &identity)).await;
+        tracing::info!(%identity, lease = %name, "released the Lease");
+    }
+}
+
+fn now_micro() -> MicroTime {
+    MicroTime(Timestamp::now())
+}
+
+/// One round: take the Lease if it is free or expired, renew it if ours. Returns whether we
+/// hold it now.
+async fn try_acquire(
+    api: &Api<Lease>,
+    name: &str,
+    identity: &str,
+    seen: &mut Option<(Seen, Instant)>,
+) -> Result<bool, String> {
+    let spec = |acquire: Option<MicroTime>, transitions: i32| LeaseSpec {
+        holder_identity: Some(identity.to_owned()),
+        lease_duration_seconds: Some(LEASE_DURATION.as_secs() as i32),
+        acquire_time: acquire,
+        renew_time: Some(now_micro()),
+        lease_transitions: Some(transitions),
+        ..LeaseSpec::default()
+    };
+    let lease = match api.get_opt(name).await.map_err(|e| e.to_string())? {
+        Some(lease) => lease,
+        None => {
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(name.to_owned()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(spec(Some(now_micro()), 0)),
+            };
+            return match api.create(&PostParams::default(), &lease).await {
+                Ok(_) => Ok(true),
+                // Someone else created it first.
+                Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+                Err(e) => Err(e.to_string()),
+            };
+        }
+    };
+    let current = lease.spec.clone().unwrap_or_default();
+    let record = Seen {
+        holder: current.holder_identity.clone().filter(|h| !h.is_empty()),
+        renew: current.renew_time.as_ref().map(|t| t.0.to_string()),
+    };
+    let now = Instant::now();
+    let changed_at = match seen {
+        Some((s, at)) if *s == record => *at,
+        _ => {
+            *seen = Some((record.clone(), now));
+            now
+        }
+    };
+    let ours = record.holder.as_deref() == Some(identity);
+    let duration = current
+        .lease_duration_seconds
+        .and_then(|d| u64::try_from(d).ok())
+        .map_or(LEASE_DURATION, Duration::from_secs);
+    let expired = record.holder.is_none() || now.duration_since(changed_at) >= duration;
+    if !ours && !expired {
+        return Ok(false);
+    }
+    let transitions = current.lease_transitions.unwrap_or(0) + i32::from(!ours);
+    let acquire = if ours {
+        current.acquire_time.clone()
+    } else {
+        Some(now_micro())
+    };
+    let mut updated = lease;
+    updated.spec = Some(spec(acquire, transitions));
+    // The resourceVersion we read makes this a compare-and-swap: of two replicas taking an
+    // expired Lease, one wins.
+    match api.replace(name, &PostParams::default(), &updated).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+async fn release(api: &Api<Lease>, name: &str, identity: &str) -> Result<(), kube::Error> {
+    let Some(mut lease) = api.get_opt(name).await? else {
+        return Ok(());
+    };
+    let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+    if spec.holder_identity.as_deref() != Some(identity) {
+        return Ok(());
+    }
+    spec.holder_identity = None;
+    spec.renew_time = None;
+    spec.acquire_time = None;
+    api.replace(name, &PostParams::default(), &lease).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fence_opens_until_a_time_and_closes() {
+        let fence = Fence::closed();
+        assert!(!fence.allows());
+        fence.extend(Instant::now() + Duration::from_secs(60));
+        assert!(fence.allows());
+        fence.extend(Instant::now());
+        assert!(!fence.allows(), "past its deadline");
+        fence.extend(Instant::now() + Duration::from_secs(60));
+        fence.close();
+        assert!(!fence.allows());
+        assert!(Fence::open().allows());
+    }
+}
