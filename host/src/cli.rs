@@ -321,6 +321,7 @@ fn run(args: &RunArgs) -> Result<ExitCode, Error> {
         let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
         format!("{}-{}", host.trim(), std::process::id())
     });
+    let agent = format!("wasm-operator/{} ({identity})", env!("CARGO_PKG_VERSION"));
     let settings = crate::operator::Settings {
         namespace: args.namespace.clone(),
         metrics_addr: args.metrics_addr,
@@ -339,7 +340,15 @@ fn run(args: &RunArgs) -> Result<ExitCode, Error> {
         .build()
         .map_err(|e| Error::Output(format!("cannot start the async runtime: {e}")))?;
     let result = runtime.block_on(async move {
-        let client = kube::Client::try_default().await?;
+        // The operator names itself in every request, so the API server's audit log and
+        // metrics tell its writes (and each replica's) apart from everyone else's.
+        let mut config = kube::Config::infer()
+            .await
+            .map_err(|e| crate::operator::Error::Kube(kube::Error::InferConfig(e)))?;
+        if let Ok(value) = http::HeaderValue::from_str(&agent) {
+            config.headers.push((http::header::USER_AGENT, value));
+        }
+        let client = kube::Client::try_from(config)?;
         crate::operator::run(client, registry, settings, shutdown_signal()).await
     });
     // A render that never returned (the operator stopped waiting for it) must not hold the
