@@ -170,7 +170,16 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
     for conflict in &plan.conflicts {
         lock(&ctx.shared.waiting).wait(conflict.id.clone(), owner.id());
     }
-    let applied = apply(&plan, &owner, &ctx.shared).await?;
+    // An object in the way that changed between the plan and the wait above woke nobody.
+    let moved = plan.conflicts.iter().any(|c| {
+        let (kind, ns, name) = &c.id;
+        ctx.shared
+            .live(kind, ns, name)
+            .and_then(|l| l.metadata.uid.clone())
+            != c.uid
+    });
+    let mut applied = apply(&plan, &owner, &ctx.shared).await?;
+    applied.look_again |= moved;
     let pruned = prune(&owner, ctx, &plan.desired).await;
     report(obj, ctx, &owner, plan, applied, pruned)
 }
@@ -186,6 +195,8 @@ pub(crate) struct Owner {
     /// What its status says our last applies left, by kind key and name: after a restart, the
     /// record of what is already in place.
     pub recorded: BTreeMap<(String, String), Applied>,
+    /// The children its status lists, kept as they are when a render fails.
+    pub last_children: Vec<Child>,
 }
 
 impl Owner {
@@ -212,7 +223,7 @@ impl Owner {
             .annotations
             .get(ADOPT_ANNOTATION)
             .is_some_and(|v| v == "true");
-        let recorded = obj
+        let last_children: Vec<Child> = obj
             .data
             .get("status")
             .and_then(|s| s.get("children"))
@@ -220,11 +231,22 @@ impl Owner {
             .into_iter()
             .flatten()
             .filter_map(|c| {
-                let api_version = c.get("apiVersion")?.as_str()?;
-                let kind = c.get("kind")?.as_str()?;
-                let name = c.get("name")?.as_str()?;
-                let applied = Applied::from_status(c.get("applied")?)?;
-                Some(((kind_key(api_version, kind), name.to_owned()), applied))
+                let text = |k: &str| c.get(k).and_then(Value::as_str).map(str::to_owned);
+                Some(Child {
+                    api_version: text("apiVersion")?,
+                    kind: text("kind")?,
+                    name: text("name")?,
+                    ready: c.get("ready").and_then(Value::as_bool).unwrap_or(false),
+                    message: text("message").unwrap_or_default(),
+                    applied: c.get("applied").and_then(Applied::from_status),
+                })
+            })
+            .collect();
+        let recorded = last_children
+            .iter()
+            .filter_map(|c| {
+                let applied = c.applied.clone()?;
+                Some(((kind_key(&c.api_version, &c.kind), c.name.clone()), applied))
             })
             .collect();
         Self {
@@ -232,6 +254,7 @@ impl Owner {
             resource,
             adopt,
             recorded,
+            last_children,
         }
     }
 
@@ -314,7 +337,10 @@ fn report_render_failure(
     } else {
         "not retried until the resource or its plugin changes, beyond the 10-minute resync"
     };
+    // The children stay as the status last listed them (and their apply records with them):
+    // nothing was applied or pruned.
     let outcome = Outcome {
+        children: owner.last_children.clone(),
         problems: vec![Problem {
             reason: e.reason().to_owned(),
             message: format!("{e} ({suffix})"),
@@ -412,6 +438,8 @@ pub(crate) struct Conflict {
     pub name: String,
     /// Who controls it: `Kind name`, or `nobody`.
     pub holder: String,
+    /// The uid of the object in the way, as the plan saw it.
+    pub uid: Option<String>,
 }
 
 impl Conflict {
@@ -527,6 +555,7 @@ pub(crate) fn plan(objects: Vec<Value>, owner: &Owner, view: &impl View) -> Plan
                         kind,
                         name,
                         holder: format!("{} {}", by.kind, by.name),
+                        uid: l.metadata.uid.clone(),
                     });
                     continue;
                 }
@@ -537,6 +566,7 @@ pub(crate) fn plan(objects: Vec<Value>, owner: &Owner, view: &impl View) -> Plan
                         kind,
                         name,
                         holder: "nobody".into(),
+                        uid: l.metadata.uid.clone(),
                     });
                     continue;
                 }
@@ -938,8 +968,15 @@ fn report(
         skipped,
         problems,
     };
+    let said = ready_message(ctx, obj);
     if write_status(obj, ctx, owner, &outcome) {
-        for p in &outcome.problems {
+        // Each problem once, when it appears: not again whenever another part of the status
+        // (a child's readiness) changes.
+        for p in outcome
+            .problems
+            .iter()
+            .filter(|p| !said.contains(&p.message))
+        {
             publish(ctx, obj, EventType::Warning, &p.reason, p.message.clone());
         }
     }
@@ -971,6 +1008,24 @@ fn publish(ctx: &KindCtx, obj: &DynamicObject, type_: EventType, reason: &str, n
     ctx.shared
         .reports
         .event(event, obj.object_ref(&ctx.ar), &ctx.controller);
+}
+
+/// The message of the resource's current `Ready` condition (one not yet written counts).
+fn ready_message(ctx: &KindCtx, obj: &DynamicObject) -> String {
+    ctx.shared
+        .reports
+        .pending_status(&report_key(ctx, obj))
+        .or_else(|| obj.data.get("status").cloned())
+        .and_then(|s| {
+            s.get("conditions")?
+                .as_array()?
+                .iter()
+                .find(|c| c["type"] == "Ready")?
+                .get("message")?
+                .as_str()
+                .map(str::to_owned)
+        })
+        .unwrap_or_default()
 }
 
 fn report_key(ctx: &KindCtx, obj: &DynamicObject) -> Key {
@@ -1110,6 +1165,7 @@ mod tests {
             controller_kind: "hanzo.ai/v1/Service".into(),
             adopt,
             recorded: BTreeMap::new(),
+            last_children: Vec::new(),
         }
     }
 
