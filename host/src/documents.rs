@@ -46,19 +46,37 @@ pub fn expand(inputs: &[String]) -> Result<Vec<String>> {
     Ok(files)
 }
 
-/// Reads a file, or standard input for `-`.
+/// Reads a file, or standard input for `-`. Text that is not UTF-8 is refused with the line and
+/// column of the first byte that is not.
 pub fn read(path: &str) -> Result<String> {
-    let mut text = String::new();
+    let mut bytes = Vec::new();
     let result = if path == "-" {
-        std::io::stdin().read_to_string(&mut text).map(drop)
+        std::io::stdin().read_to_end(&mut bytes).map(drop)
     } else {
-        std::fs::read_to_string(path).map(|t| text = t)
+        std::fs::read(path).map(|b| bytes = b)
     };
-    result.map_err(|source| Error::ReadInput {
+    let fail = |source| Error::ReadInput {
         path: display(path),
         source,
-    })?;
-    Ok(text)
+    };
+    result.map_err(fail)?;
+    String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        let bytes = e.as_bytes();
+        let line_start = bytes[..at]
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map_or(0, |i| i + 1);
+        let line = bytes[..at].iter().filter(|&&b| b == b'\n').count() + 1;
+        fail(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "not UTF-8: byte 0x{:02x} at line {line}, column {}",
+                bytes[at],
+                at - line_start + 1
+            ),
+        ))
+    })
 }
 
 fn display(path: &str) -> String {
@@ -109,11 +127,30 @@ pub fn parse(path: &str, text: &str) -> Result<Vec<Document>> {
                     .is_some_and(|k| k.ends_with("List"))
                     && m.contains_key("items") =>
             {
-                if let Some(Value::Array(items)) = m.get("items") {
-                    docs.extend(items.iter().map(|item| Document {
+                // Every item is rendered or refused: none may be dropped without a word.
+                let items = match m.get("items") {
+                    Some(Value::Array(items)) => items.as_slice(),
+                    Some(Value::Null) => &[],
+                    Some(other) => {
+                        return Err(fail(format!(
+                            "document {index}: `items` of a List must be a list, not {}",
+                            kind_of(other)
+                        )));
+                    }
+                    None => &[],
+                };
+                for (i, item) in items.iter().enumerate() {
+                    if !item.is_object() {
+                        return Err(fail(format!(
+                            "document {index}: item {} of the List is not an object but {}",
+                            i + 1,
+                            kind_of(item)
+                        )));
+                    }
+                    docs.push(Document {
                         index,
                         value: item.clone(),
-                    }));
+                    });
                 }
             }
             Value::Object(_) => docs.push(Document { index, value }),
@@ -158,7 +195,17 @@ pub fn resource(value: &Value) -> std::result::Result<Resource, String> {
     let api_version = str_field(&["apiVersion"])?.ok_or("apiVersion: is required")?;
     let kind = str_field(&["kind"])?.ok_or("kind: is required")?;
     let name = str_field(&["metadata", "name"])?.ok_or("metadata.name: is required")?;
-    let namespace = str_field(&["metadata", "namespace"])?.unwrap_or_else(|| "default".to_owned());
+    // As kubectl reads it, an empty namespace is the default one.
+    let namespace = str_field(&["metadata", "namespace"])?
+        .filter(|ns| !ns.is_empty())
+        .unwrap_or_else(|| "default".to_owned());
+    if !is_namespace(&namespace) {
+        return Err(format!(
+            "metadata.namespace: `{}` is not a valid namespace: use at most 63 lower-case \
+             letters, digits and '-', starting and ending with a letter or digit",
+            shown(&namespace)
+        ));
+    }
     let uid = str_field(&["metadata", "uid"])?.unwrap_or_default();
     let generation = value
         .pointer("/metadata/generation")
@@ -171,7 +218,7 @@ pub fn resource(value: &Value) -> std::result::Result<Resource, String> {
                 .iter()
                 .map(|(k, v)| match v {
                     Value::String(s) => Ok((k.clone(), s.clone())),
-                    _ => Err(format!("metadata.{key}.{k}: must be a string")),
+                    _ => Err(format!("metadata.{key}.{}: must be a string", shown(k))),
                 })
                 .collect(),
             Some(_) => Err(format!("metadata.{key}: must be a map of strings")),
@@ -195,6 +242,25 @@ pub fn resource(value: &Value) -> std::result::Result<Resource, String> {
         annotations,
         spec,
     })
+}
+
+/// A namespace name: a DNS-1123 label.
+fn is_namespace(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && s.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+}
+
+/// A value from the input as an error shows it: on one line, and cut after 64 characters.
+fn shown(s: &str) -> String {
+    let line: String = s.chars().flat_map(char::escape_debug).collect();
+    match line.char_indices().nth(64) {
+        Some((i, _)) => format!("{}…", &line[..i]),
+        None => line,
+    }
 }
 
 /// Output formats.
@@ -246,5 +312,55 @@ mod tests {
             serde_json::json!({"a": 420, "b": 2, "c": "0644", "d": 1.5})
         );
         assert_eq!(docs[1].value, serde_json::json!({"e": {"m": 256}}));
+    }
+
+    #[test]
+    fn text_that_is_not_utf8_is_refused_where_it_breaks() {
+        let dir = std::env::temp_dir().join(format!("documents-read-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("bad.yaml");
+        std::fs::write(&path, b"a: 1\nb: x\xffy\n").unwrap();
+        let path = path.display().to_string();
+        let e = read(&path).unwrap_err().to_string();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(
+            e,
+            format!("cannot read {path}: not UTF-8: byte 0xff at line 2, column 5")
+        );
+    }
+
+    #[test]
+    fn list_items_are_all_rendered_or_refused() {
+        let docs = parse(
+            "l.yaml",
+            "kind: List\nitems: [{a: 1}, {b: 2}]\n---\nkind: List\nitems:\n",
+        )
+        .unwrap();
+        assert_eq!(docs.len(), 2);
+        for (text, says) in [
+            (
+                "kind: List\nitems: 5\n",
+                "l.yaml: document 1: `items` of a List must be a list, not a number",
+            ),
+            (
+                "a: 1\n---\nkind: PodList\nitems: [{a: 1}, x]\n",
+                "l.yaml: document 2: item 2 of the List is not an object but a string",
+            ),
+        ] {
+            assert_eq!(parse("l.yaml", text).unwrap_err().to_string(), says);
+        }
+    }
+
+    #[test]
+    fn the_namespace_must_be_one() {
+        let doc = |ns: &str| serde_json::json!({"apiVersion": "v1", "kind": "K", "metadata": {"name": "a", "namespace": ns}});
+        assert_eq!(resource(&doc("1-team")).unwrap().namespace, "1-team");
+        assert_eq!(resource(&doc("")).unwrap().namespace, "default");
+        for bad in [" ", "Team", "a_b", "-a", "a.b"] {
+            let e = resource(&doc(bad)).unwrap_err();
+            assert!(e.starts_with("metadata.namespace: `"), "{e}");
+        }
+        let e = resource(&doc(&"a\n".repeat(100))).unwrap_err();
+        assert!(!e.contains('\n') && e.len() < 300, "{e}");
     }
 }

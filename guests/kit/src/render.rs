@@ -229,6 +229,7 @@ impl ProbeSpec {
             ("successThreshold", self.success_threshold),
         ] {
             if let Some(v) = v {
+                spec::int32(&format!("{field}.{key}"), v)?;
                 probe.insert(key.into(), Value::from(v));
             }
         }
@@ -441,13 +442,28 @@ impl Workload {
     pub fn parse(resource: &Resource) -> Result<Self> {
         let w: Self = spec::parse(&resource.spec)?;
         w.image.validate()?;
-        if let Some(r) = w.replicas
-            && r < 0
-        {
-            return Err(RenderError::new(
-                "spec.replicas",
-                format!("{r} must not be negative"),
-            ));
+        // What becomes metadata must be what the API server takes, or the failure would only
+        // show when a child is applied, blamed on the child's field instead of the spec's.
+        spec::labels("spec.labels", &w.labels)?;
+        for key in w.annotations.keys() {
+            spec::label_key("spec.annotations", key)?;
+        }
+        for (field, value) in [
+            ("spec.partOf", &w.part_of),
+            ("spec.component", &w.component),
+        ] {
+            if let Some(v) = value {
+                spec::label_value(field, v)?;
+            }
+        }
+        if let Some(r) = w.replicas {
+            if r < 0 {
+                return Err(RenderError::new(
+                    "spec.replicas",
+                    format!("{r} must not be negative"),
+                ));
+            }
+            spec::int32("spec.replicas", r)?;
         }
         if let Some(ports) = &w.ports {
             validate_ports(ports)?;

@@ -28,6 +28,46 @@ pub fn parse<T: DeserializeOwned>(spec: &Value) -> Result<T> {
     })
 }
 
+/// How many levels of lists and maps a spec may nest (the spec itself is the first).
+///
+/// Fields passed through unchanged land a few levels deeper in the objects rendered (`env` in
+/// `spec.template.spec.containers[0]`), and the host reads what a plugin returns with
+/// `serde_json`'s limit of 128 levels: a spec deeper than this could be rendered, then refused
+/// as a broken manifest with no field to blame. No Kubernetes type comes near; YAML input is
+/// already read with this limit.
+pub const MAX_NESTING: usize = 64;
+
+/// Checks that `spec` nests at most [`MAX_NESTING`] levels; the error names the first field
+/// below that.
+pub fn nesting(spec: &Value) -> Result<()> {
+    fn walk(v: &Value, depth: usize, path: &mut String) -> Option<String> {
+        let children: Box<dyn Iterator<Item = (String, &Value)>> = match v {
+            Value::Object(m) => Box::new(m.iter().map(|(k, c)| (format!(".{k}"), c))),
+            Value::Array(a) => Box::new(a.iter().enumerate().map(|(i, c)| (format!("[{i}]"), c))),
+            _ => return None,
+        };
+        if depth > MAX_NESTING {
+            return Some(path.clone());
+        }
+        for (step, child) in children {
+            let len = path.len();
+            path.push_str(&step);
+            if let Some(found) = walk(child, depth + 1, path) {
+                return Some(found);
+            }
+            path.truncate(len);
+        }
+        None
+    }
+    match walk(spec, 1, &mut "spec".to_owned()) {
+        None => Ok(()),
+        Some(field) => Err(RenderError::new(
+            field,
+            format!("is nested more than {MAX_NESTING} levels deep in the spec"),
+        )),
+    }
+}
+
 /// An int or a string, as Kubernetes' `IntOrString` (ports by number or name, percentages).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
@@ -185,6 +225,84 @@ pub fn cron(field: &str, value: &str) -> Result<()> {
     }
 }
 
+/// The name part of a label key, or a label value: at most 63 letters, digits, `-`, `_` and
+/// `.`, starting and ending with a letter or digit.
+fn label_name_ok(value: &str) -> bool {
+    !value.is_empty()
+        && value.len() <= 63
+        && value.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && value.ends_with(|c: char| c.is_ascii_alphanumeric())
+        && value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+/// Checks that `key` is a label or annotation key: a name of at most 63 letters, digits, `-`,
+/// `_` and `.` (starting and ending with a letter or digit), optionally after a DNS subdomain
+/// prefix and `/`, such as `app.kubernetes.io/name`. The error is blamed on `field`, the map.
+pub fn label_key(field: &str, key: &str) -> Result<()> {
+    let (prefix, name) = match key.split_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, key),
+    };
+    let prefix_ok = prefix.is_none_or(|p| !p.is_empty() && dns_subdomain(field, p).is_ok());
+    if prefix_ok && label_name_ok(name) {
+        Ok(())
+    } else {
+        Err(RenderError::new(
+            field,
+            format!(
+                "`{key}` is not a valid key: use at most 63 letters, digits, '-', '_' and '.', \
+                 starting and ending with a letter or digit, optionally after a DNS prefix and \
+                 '/', such as `example.com/team`"
+            ),
+        ))
+    }
+}
+
+/// Checks that `value` is a label value: empty, or at most 63 letters, digits, `-`, `_` and `.`,
+/// starting and ending with a letter or digit.
+pub fn label_value(field: &str, value: &str) -> Result<()> {
+    if value.is_empty() || label_name_ok(value) {
+        Ok(())
+    } else {
+        Err(RenderError::new(
+            field,
+            format!(
+                "`{value}` is not a valid label value: use at most 63 letters, digits, '-', '_' \
+                 and '.', starting and ending with a letter or digit"
+            ),
+        ))
+    }
+}
+
+/// Checks a map of labels: every key a label key, every value a label value.
+pub fn labels<'a>(
+    field: &str,
+    labels: impl IntoIterator<Item = (&'a String, &'a String)>,
+) -> Result<()> {
+    for (k, v) in labels {
+        label_key(field, k)?;
+        label_value(&format!("{field}.{k}"), v)?;
+    }
+    Ok(())
+}
+
+/// Checks that `value` fits the `int32` a Kubernetes field holds (replicas, probe timings,
+/// autoscaling bounds, `IntOrString` numbers).
+pub fn int32(field: &str, value: i64) -> Result<i32> {
+    i32::try_from(value).map_err(|_| {
+        RenderError::new(
+            field,
+            format!(
+                "{value} is out of range: Kubernetes takes {} to {}",
+                i32::MIN,
+                i32::MAX
+            ),
+        )
+    })
+}
+
 /// Checks that a port number is in 1..=65535.
 pub fn port_number(field: &str, value: i64) -> Result<()> {
     if (1..=65535).contains(&value) {
@@ -235,6 +353,25 @@ mod tests {
     }
 
     #[test]
+    fn nesting_is_bounded() {
+        let mut deep = json!(1);
+        // The spec is level 1, `a` level 2: 63 lists fill the rest.
+        for _ in 0..MAX_NESTING - 1 {
+            deep = json!([deep]);
+        }
+        assert!(nesting(&json!({ "a": deep.clone() })).is_ok());
+        let e = nesting(&json!({ "a": { "b": deep } })).unwrap_err();
+        // `spec.a.b` and 62 `[0]`, the last segment cut short as every long one is.
+        assert!(e.field.starts_with("spec.a.b[0][0][0]"), "{}", e.field);
+        assert!(e.field.ends_with('…'), "{}", e.field);
+        assert!(
+            e.message.contains("nested more than 64 levels"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
     fn quantities() {
         for ok in [
             "50Gi", "1", "500m", "1.5", "1e3", "1E-3", "+1Ki", ".5", "2.",
@@ -258,6 +395,60 @@ mod tests {
         for bad in ["8080", "http--x", "a-very-long-port-name", "HTTP"] {
             assert!(port_name("f", bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn labels_and_annotation_keys() {
+        for ok in [
+            "team",
+            "app.kubernetes.io/name",
+            "a_b.c-D",
+            "x/y",
+            &"a".repeat(63),
+        ] {
+            assert!(label_key("f", ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "/a",
+            "a/",
+            "-a",
+            "a b",
+            "Bad.Prefix/x",
+            "a/b/c",
+            &"a".repeat(64),
+        ] {
+            assert_eq!(
+                label_key("spec.labels", bad).unwrap_err().field,
+                "spec.labels",
+                "{bad}"
+            );
+        }
+        for ok in ["", "v1", "a.b_c-D"] {
+            assert!(label_value("f", ok).is_ok(), "{ok}");
+        }
+        for bad in [" ", "-a", "a/b", "TZ= ", &"a".repeat(64)] {
+            assert!(label_value("f", bad).is_err(), "{bad}");
+        }
+        let m: std::collections::BTreeMap<String, String> =
+            [("team".to_owned(), "a b".to_owned())].into();
+        assert_eq!(
+            labels("spec.labels", &m).unwrap_err().field,
+            "spec.labels.team"
+        );
+    }
+
+    #[test]
+    fn int32_fields() {
+        assert_eq!(int32("f", 3).unwrap(), 3);
+        assert_eq!(int32("f", i64::from(i32::MIN)).unwrap(), i32::MIN);
+        let e = int32("spec.replicas", 4_625_439_230_389).unwrap_err();
+        assert_eq!(e.field, "spec.replicas");
+        assert!(
+            e.message.starts_with("4625439230389 is out of range"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]

@@ -75,12 +75,87 @@ pub struct RenderError {
 
 impl RenderError {
     /// An error blamed on `field`.
+    ///
+    /// Both parts are made fit for a status condition, an event and one line of a terminal,
+    /// whatever value caused the error: control characters are escaped, a quoted value (in
+    /// backticks or double quotes) longer than [`RenderError::MAX_QUOTE`] characters is cut
+    /// short, and so is a path segment (a map key from the spec) longer than that.
     pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
         Self {
-            field: field.into(),
-            message: message.into(),
+            field: short_path(&field.into()),
+            message: short_message(&message.into()),
         }
     }
+
+    /// The most characters of a quoted value or a path segment an error shows.
+    pub const MAX_QUOTE: usize = 64;
+    /// The most characters an error message has.
+    pub const MAX_MESSAGE: usize = 512;
+}
+
+/// `s` with control characters escaped (`\n`), as one line.
+fn one_line(s: &str) -> String {
+    if s.chars().any(char::is_control) {
+        s.chars()
+            .map(|c| {
+                if c.is_control() {
+                    c.escape_default().collect()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect()
+    } else {
+        s.to_owned()
+    }
+}
+
+/// The first `max` characters of `s`, and `…` when there were more.
+fn clip(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_owned(),
+    }
+}
+
+fn short_path(field: &str) -> String {
+    let field = one_line(field);
+    let segments: Vec<String> = field
+        .split('.')
+        .map(|s| clip(s, RenderError::MAX_QUOTE))
+        .collect();
+    clip(&segments.join("."), 4 * RenderError::MAX_QUOTE)
+}
+
+/// Cuts every quoted span (between backticks, or double quotes with `\` escapes inside) longer
+/// than [`RenderError::MAX_QUOTE`], then the whole message at [`RenderError::MAX_MESSAGE`].
+fn short_message(message: &str) -> String {
+    let message = one_line(message);
+    let mut out = String::with_capacity(message.len().min(RenderError::MAX_MESSAGE + 8));
+    let mut chars = message.chars();
+    while let Some(c) = chars.next() {
+        out.push(c);
+        if c != '`' && c != '"' {
+            continue;
+        }
+        let mut quoted = String::new();
+        let mut closed = false;
+        while let Some(q) = chars.next() {
+            if q == c {
+                closed = true;
+                break;
+            }
+            quoted.push(q);
+            if c == '"' && q == '\\' {
+                quoted.extend(chars.next());
+            }
+        }
+        out.push_str(&clip(&quoted, RenderError::MAX_QUOTE));
+        if closed {
+            out.push(c);
+        }
+    }
+    clip(&out, RenderError::MAX_MESSAGE)
 }
 
 impl fmt::Display for RenderError {
@@ -276,6 +351,7 @@ impl WireResource {
 pub fn render_wire<P: Plugin>(resource: WireResource, ctx: &Context) -> Result<Vec<String>> {
     let spec = serde_json::from_str(&resource.spec)
         .map_err(|e| RenderError::new("spec", format!("is not valid JSON: {e}")))?;
+    crate::spec::nesting(&spec)?;
     let resource = Resource {
         api_version: resource.api_version,
         kind: resource.kind,
@@ -289,4 +365,37 @@ pub fn render_wire<P: Plugin>(resource: WireResource, ctx: &Context) -> Result<V
     };
     let objects = P::render(&resource, ctx)?;
     Ok(objects.iter().map(Value::to_string).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_stay_short_and_on_one_line() {
+        let long = "x".repeat(100_000);
+        let e = RenderError::new(
+            format!("spec.labels.{long}"),
+            format!("`{long}` is not a quantity"),
+        );
+        assert_eq!(e.field, format!("spec.labels.{}…", "x".repeat(64)));
+        assert_eq!(
+            e.message,
+            format!("`{}…` is not a quantity", "x".repeat(64))
+        );
+        let e = RenderError::new(
+            "spec.replicas",
+            format!("invalid type: string \"a\\\"{long}\", expected i64"),
+        );
+        assert!(e.message.ends_with("…\", expected i64"), "{}", e.message);
+        let e = RenderError::new("spec.x", "`a\nb` is bad\tnews");
+        assert_eq!(e.message, "`a\\nb` is bad\\tnews");
+        let e = RenderError::new("spec.x", "y".repeat(2_000));
+        assert_eq!(e.message.chars().count(), RenderError::MAX_MESSAGE + 1);
+        let short = RenderError::new("spec.ports[0].name", "`http` names two ports");
+        assert_eq!(
+            short.to_string(),
+            "spec.ports[0].name: `http` names two ports"
+        );
+    }
 }

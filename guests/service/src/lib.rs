@@ -247,6 +247,9 @@ fn ingress(
     ing: &IngressSpec,
     ports: &[PortSpec],
 ) -> Result<Value> {
+    for key in ing.annotations.keys() {
+        spec::label_key("spec.ingress.annotations", key)?;
+    }
     let Some(first) = ports.first() else {
         return Err(RenderError::new(
             "spec.ingress",
@@ -257,6 +260,7 @@ fn ingress(
         let own_service = rule.and_then(|r| r.service_name.as_deref()).is_none();
         match rule.and_then(|r| r.port.as_ref()) {
             Some(IntOrString::Int(n)) => {
+                spec::port_number(&format!("{field}.port"), *n)?;
                 if own_service && !ports.iter().any(|p| p.service_port() == *n) {
                     return Err(RenderError::new(
                         format!("{field}.port"),
@@ -347,6 +351,7 @@ fn ingress(
 
 fn hpa(resource: &Resource, labels: &Map<String, Value>, a: &AutoscalingSpec) -> Result<Value> {
     let min = a.min_replicas.unwrap_or(1);
+    spec::int32("spec.autoscaling.minReplicas", min)?;
     if min < 1 {
         return Err(RenderError::new(
             "spec.autoscaling.minReplicas",
@@ -359,6 +364,7 @@ fn hpa(resource: &Resource, labels: &Map<String, Value>, a: &AutoscalingSpec) ->
             "is required when autoscaling is enabled",
         )
     })?;
+    spec::int32("spec.autoscaling.maxReplicas", max)?;
     if max < min {
         return Err(RenderError::new(
             "spec.autoscaling.maxReplicas",
@@ -379,6 +385,7 @@ fn hpa(resource: &Resource, labels: &Map<String, Value>, a: &AutoscalingSpec) ->
         ),
     ] {
         if let Some(t) = target {
+            spec::int32(&format!("spec.autoscaling.{field}"), t)?;
             if t < 1 {
                 return Err(RenderError::new(
                     format!("spec.autoscaling.{field}"),
@@ -411,6 +418,14 @@ fn hpa(resource: &Resource, labels: &Map<String, Value>, a: &AutoscalingSpec) ->
     }))
 }
 
+/// An `IntOrString` for a Kubernetes field, whose number is an `int32`.
+fn int_or_string(field: &str, v: &IntOrString) -> Result<Value> {
+    if let IntOrString::Int(n) = v {
+        spec::int32(field, *n)?;
+    }
+    Ok(v.to_value())
+}
+
 fn pdb(resource: &Resource, labels: &Map<String, Value>, p: &PdbSpec) -> Result<Value> {
     let mut spec = json!({ "selector": { "matchLabels": render::selector(&resource.name) } });
     match (&p.min_available, &p.max_unavailable) {
@@ -420,8 +435,8 @@ fn pdb(resource: &Resource, labels: &Map<String, Value>, p: &PdbSpec) -> Result<
                 "conflicts with spec.pdb.minAvailable: set one of them",
             ));
         }
-        (Some(m), None) => spec["minAvailable"] = m.to_value(),
-        (None, Some(m)) => spec["maxUnavailable"] = m.to_value(),
+        (Some(m), None) => spec["minAvailable"] = int_or_string("spec.pdb.minAvailable", m)?,
+        (None, Some(m)) => spec["maxUnavailable"] = int_or_string("spec.pdb.maxUnavailable", m)?,
         (None, None) => spec["maxUnavailable"] = 1.into(),
     }
     Ok(json!({
