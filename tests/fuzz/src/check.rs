@@ -364,16 +364,22 @@ fn resource_render(checker: &Checker, resource: &Resource) -> Result<Option<bool
                 }
                 PluginError::Panic(_) => fail("guest-panic"),
                 PluginError::Trap(_) => fail("guest-trap"),
+                // The host's instance pool was full: not the guest's doing.
+                PluginError::Busy(_) => Ok(None),
                 PluginError::Deadline(_)
                 | PluginError::Memory { .. }
                 | PluginError::OutputTooLarge { .. }
+                | PluginError::ErrorTooLarge { .. }
+                | PluginError::TooManyManifests { .. }
                     if spec_len >= LARGE_SPEC =>
                 {
                     Ok(None)
                 }
                 PluginError::Deadline(_)
                 | PluginError::Memory { .. }
-                | PluginError::OutputTooLarge { .. } => fail("guest-limit"),
+                | PluginError::OutputTooLarge { .. }
+                | PluginError::ErrorTooLarge { .. }
+                | PluginError::TooManyManifests { .. } => fail("guest-limit"),
                 PluginError::BadManifest { .. }
                 | PluginError::BadDescription(_)
                 | PluginError::Guard(_) => fail("guest-refused"),
