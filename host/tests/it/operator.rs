@@ -571,8 +571,15 @@ async fn runs_with_its_rbac_skips_missing_crds_and_survives_an_api_server_restar
         .service_account_client(&admin, "wasm-operator", "wasm-operator")
         .await
         .unwrap();
-    let op =
-        Operator::start_with(client, None, "wasm-operator", "replica-a", "hanzo.ai", &[]).await;
+    let mut op = Operator::start_with(
+        client.clone(),
+        None,
+        "wasm-operator",
+        "replica-a",
+        "hanzo.ai",
+        &[],
+    )
+    .await;
 
     let monitored = WEB.replace(
         "  ingress: { hosts: [web.example.com] }\n",
@@ -673,6 +680,18 @@ async fn runs_with_its_rbac_skips_missing_crds_and_survives_an_api_server_restar
     // Change the spec and kill the API server while the operator works on it.
     apply(&cp, &ns, &monitored.replace("replicas: 2", "replicas: 4"));
     tokio::task::block_in_place(|| cp.restart_apiserver(Duration::from_secs(3))).unwrap();
+    // An outage longer than the renew deadline (10 s, on a busy machine) makes the leader stop
+    // writing and exit, as it must; the kubelet would start it again, and so does the test.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    if op.task.is_finished() {
+        let ended = op.finish().await;
+        assert!(
+            matches!(&ended, Err(host::operator::Error::Lease(_))),
+            "the operator ended for another reason than its Lease: {ended:?}"
+        );
+        op =
+            Operator::start_with(client, None, "wasm-operator", "replica-a", "hanzo.ai", &[]).await;
+    }
     let converged = || {
         let d = get(&cp, &ns, "deployment/web");
         let w = get(&cp, &ns, "services.hanzo.ai/web");

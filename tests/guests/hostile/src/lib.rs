@@ -147,13 +147,20 @@ impl Plugin for Hostile {
             })],
             "bad-name" => vec![config_map(r, "Not_A_Valid_Name", ns, json!({}))],
             "error" => return Err(RenderError::new("spec.mode", "was asked to fail")),
+            // Built field by field: `RenderError::new` would shorten them, and a hostile guest
+            // does not ask guest-kit to be polite.
             "long-error" => {
-                return Err(RenderError::new(
-                    format!("spec.{}", "f".repeat(16 << 10)),
-                    "m".repeat(64 << 10),
-                ));
+                return Err(RenderError {
+                    field: format!("spec.{}", "f".repeat(16 << 10)),
+                    message: "m".repeat(64 << 10),
+                });
             }
-            "huge-error" => return Err(RenderError::new("spec.mode", "e".repeat(5 << 20))),
+            "huge-error" => {
+                return Err(RenderError {
+                    field: "spec.mode".into(),
+                    message: "e".repeat(5 << 20),
+                });
+            }
             "many-manifests" => vec![json!({}); 1_000_000],
             "sleep" => {
                 std::thread::sleep(std::time::Duration::from_secs(20));
