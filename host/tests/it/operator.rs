@@ -436,6 +436,21 @@ async fn a_hostile_plugin_stalls_its_resources_and_nothing_else() {
         assert!(message.contains(retry), "{message}");
         assert_eq!(condition(&h, "Ready").0, "False");
     }
+    // A plugin that declares two versions of one kind: what it applies under one is not
+    // pruned as stale under the other, and the child is not rewritten again and again.
+    apply(cp, &ns, &hostile("scaler", "hpa-v2"));
+    wait_ready(cp, &ns, "hostiles.test.wasm-operator.dev/scaler");
+    let first = get(cp, &ns, "hpa/scaler").expect("the HPA exists");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let later = get(cp, &ns, "hpa/scaler").expect("the HPA was pruned");
+    assert_eq!(
+        first["metadata"]["uid"], later["metadata"]["uid"],
+        "deleted and made again"
+    );
+    assert_eq!(
+        first["metadata"]["resourceVersion"], later["metadata"]["resourceVersion"],
+        "written again and again"
+    );
     assert!(
         get(cp, "kube-system", "configmap/escaper").is_none(),
         "the guard let an object out of the namespace"

@@ -101,7 +101,12 @@ impl Plugin for Hostile {
                 spec_schema: json!({ "type": "object", "properties": { "mode": { "type": "string" } } }),
                 printer_columns: vec![],
             }],
-            children: vec![GroupVersionKind::new("", "v1", "ConfigMap")],
+            // Two versions of one kind: the host must treat them as one child.
+            children: vec![
+                GroupVersionKind::new("", "v1", "ConfigMap"),
+                GroupVersionKind::new("autoscaling", "v1", "HorizontalPodAutoscaler"),
+                GroupVersionKind::new("autoscaling", "v2", "HorizontalPodAutoscaler"),
+            ],
         }
     }
 
@@ -110,6 +115,17 @@ impl Plugin for Hostile {
         let ns = r.namespace.as_str();
         Ok(match mode {
             "ok" => vec![config_map(r, &r.name, ns, json!({ "mode": "ok" }))],
+            // An autoscaling/v2 HPA, while the plugin also declares v1 (which the host may watch).
+            "hpa-v2" => vec![json!({
+                "apiVersion": "autoscaling/v2",
+                "kind": "HorizontalPodAutoscaler",
+                "metadata": { "name": r.name, "namespace": ns },
+                "spec": {
+                    "scaleTargetRef": { "apiVersion": "apps/v1", "kind": "Deployment", "name": r.name },
+                    "minReplicas": 1,
+                    "maxReplicas": 2,
+                },
+            })],
             "probe" => vec![config_map(r, &r.name, ns, probe())],
             "panic" => panic!("hostile guest panicked on purpose"),
             "loop" => {
