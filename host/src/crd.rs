@@ -36,43 +36,68 @@ fn schema_of<T: JsonSchema>() -> Value {
     v
 }
 
+/// A Kubernetes type that a plugin's schema may name with `$ref`.
+#[derive(Debug, Clone, Copy)]
+pub struct KubernetesType {
+    /// Its OpenAPI definition name, such as `io.k8s.api.core.v1.Volume`.
+    pub name: &'static str,
+    /// Its schema for the Kubernetes version the host was built for, as the CRD inlines it.
+    pub schema: fn() -> Value,
+    /// Whether a value is one of it (k8s-openapi's own deserialization: types, int32 ranges).
+    pub accepts: fn(&Value) -> bool,
+}
+
+fn accepts<T: serde::de::DeserializeOwned>(v: &Value) -> bool {
+    T::deserialize(v).is_ok()
+}
+
+macro_rules! kubernetes_types {
+    ($($name:literal => $ty:ty,)*) => {
+        &[$(KubernetesType {
+            name: $name,
+            schema: schema_of::<$ty>,
+            accepts: accepts::<$ty>,
+        },)*]
+    };
+}
+
+/// Every Kubernetes type a plugin's schema may name.
+pub const KUBERNETES_TYPES: &[KubernetesType] = kubernetes_types! {
+    "io.k8s.api.core.v1.Affinity" => core::Affinity,
+    "io.k8s.api.core.v1.Container" => core::Container,
+    "io.k8s.api.core.v1.ContainerPort" => core::ContainerPort,
+    "io.k8s.api.core.v1.EnvFromSource" => core::EnvFromSource,
+    "io.k8s.api.core.v1.EnvVar" => core::EnvVar,
+    "io.k8s.api.core.v1.ExecAction" => core::ExecAction,
+    "io.k8s.api.core.v1.GRPCAction" => core::GRPCAction,
+    "io.k8s.api.core.v1.HTTPGetAction" => core::HTTPGetAction,
+    "io.k8s.api.core.v1.LocalObjectReference" => core::LocalObjectReference,
+    "io.k8s.api.core.v1.PersistentVolumeClaimSpec" => core::PersistentVolumeClaimSpec,
+    "io.k8s.api.core.v1.PodSecurityContext" => core::PodSecurityContext,
+    "io.k8s.api.core.v1.PodSpec" => core::PodSpec,
+    "io.k8s.api.core.v1.Probe" => core::Probe,
+    "io.k8s.api.core.v1.ResourceRequirements" => core::ResourceRequirements,
+    "io.k8s.api.core.v1.SecurityContext" => core::SecurityContext,
+    "io.k8s.api.core.v1.ServicePort" => core::ServicePort,
+    "io.k8s.api.core.v1.TCPSocketAction" => core::TCPSocketAction,
+    "io.k8s.api.core.v1.Toleration" => core::Toleration,
+    "io.k8s.api.core.v1.TopologySpreadConstraint" => core::TopologySpreadConstraint,
+    "io.k8s.api.core.v1.Volume" => core::Volume,
+    "io.k8s.api.core.v1.VolumeMount" => core::VolumeMount,
+    "io.k8s.api.networking.v1.NetworkPolicyPeer" => networking::NetworkPolicyPeer,
+    "io.k8s.apimachinery.pkg.api.resource.Quantity" => Quantity,
+    "io.k8s.apimachinery.pkg.apis.meta.v1.Condition" => meta::Condition,
+    "io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelector" => meta::LabelSelector,
+};
+
+/// The Kubernetes type of a definition name, if a plugin may name it.
+pub fn kubernetes_type(definition: &str) -> Option<&'static KubernetesType> {
+    KUBERNETES_TYPES.iter().find(|t| t.name == definition)
+}
+
 /// The schema of a Kubernetes type by its OpenAPI definition name.
 pub fn kubernetes_schema(definition: &str) -> Option<Value> {
-    macro_rules! table {
-        ($($name:literal => $ty:ty,)*) => {
-            match definition {
-                $($name => Some(schema_of::<$ty>()),)*
-                _ => None,
-            }
-        };
-    }
-    table! {
-        "io.k8s.api.core.v1.Affinity" => core::Affinity,
-        "io.k8s.api.core.v1.Container" => core::Container,
-        "io.k8s.api.core.v1.ContainerPort" => core::ContainerPort,
-        "io.k8s.api.core.v1.EnvFromSource" => core::EnvFromSource,
-        "io.k8s.api.core.v1.EnvVar" => core::EnvVar,
-        "io.k8s.api.core.v1.ExecAction" => core::ExecAction,
-        "io.k8s.api.core.v1.GRPCAction" => core::GRPCAction,
-        "io.k8s.api.core.v1.HTTPGetAction" => core::HTTPGetAction,
-        "io.k8s.api.core.v1.LocalObjectReference" => core::LocalObjectReference,
-        "io.k8s.api.core.v1.PersistentVolumeClaimSpec" => core::PersistentVolumeClaimSpec,
-        "io.k8s.api.core.v1.PodSecurityContext" => core::PodSecurityContext,
-        "io.k8s.api.core.v1.PodSpec" => core::PodSpec,
-        "io.k8s.api.core.v1.Probe" => core::Probe,
-        "io.k8s.api.core.v1.ResourceRequirements" => core::ResourceRequirements,
-        "io.k8s.api.core.v1.SecurityContext" => core::SecurityContext,
-        "io.k8s.api.core.v1.ServicePort" => core::ServicePort,
-        "io.k8s.api.core.v1.TCPSocketAction" => core::TCPSocketAction,
-        "io.k8s.api.core.v1.Toleration" => core::Toleration,
-        "io.k8s.api.core.v1.TopologySpreadConstraint" => core::TopologySpreadConstraint,
-        "io.k8s.api.core.v1.Volume" => core::Volume,
-        "io.k8s.api.core.v1.VolumeMount" => core::VolumeMount,
-        "io.k8s.api.networking.v1.NetworkPolicyPeer" => networking::NetworkPolicyPeer,
-        "io.k8s.apimachinery.pkg.api.resource.Quantity" => Quantity,
-        "io.k8s.apimachinery.pkg.apis.meta.v1.Condition" => meta::Condition,
-        "io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelector" => meta::LabelSelector,
-    }
+    kubernetes_type(definition).map(|t| (t.schema)())
 }
 
 /// Drops `description` everywhere below `v`: inlined Kubernetes types keep the CRD small enough

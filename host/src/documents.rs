@@ -87,6 +87,31 @@ fn display(path: &str) -> String {
     }
 }
 
+/// The values of multi-document YAML, or of JSON (one or more values, or an array), as
+/// kubectl reads them, before any `List` is expanded; or why the text is neither.
+pub fn values(text: &str) -> std::result::Result<Vec<Value>, String> {
+    let trimmed = text.trim_start();
+    if trimmed.starts_with('{') || trimmed.starts_with('[') {
+        Ok(serde_json::Deserializer::from_str(text)
+            .into_iter::<Value>()
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| format!("invalid JSON: {e}"))?
+            .into_iter()
+            .flat_map(|v| match v {
+                Value::Array(items) => items,
+                other => vec![other],
+            })
+            .collect())
+    } else {
+        // kubectl reads YAML 1.1: `defaultMode: 0644` is octal (420), not six hundred and
+        // forty-four. Read it the same way, or file modes would silently change.
+        let mut options = serde_saphyr::Options::default();
+        options.legacy_octal_numbers = true;
+        serde_saphyr::from_multiple_with_options::<Value>(text, options)
+            .map_err(|e| format!("invalid YAML: {e}"))
+    }
+}
+
 /// Parses multi-document YAML, or JSON (one or more values, or an array), into objects. A
 /// `List` (`items`) is expanded; empty documents are skipped.
 pub fn parse(path: &str, text: &str) -> Result<Vec<Document>> {
@@ -94,28 +119,7 @@ pub fn parse(path: &str, text: &str) -> Result<Vec<Document>> {
         path: display(path),
         reason,
     };
-    let trimmed = text.trim_start();
-    let values: Vec<Value> = if trimmed.starts_with('{') || trimmed.starts_with('[') {
-        serde_json::Deserializer::from_str(text)
-            .into_iter::<Value>()
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|e| fail(format!("invalid JSON: {e}")))?
-            .into_iter()
-            .flat_map(|v| match v {
-                Value::Array(items) => items,
-                other => vec![other],
-            })
-            .collect()
-    } else {
-        {
-            // kubectl reads YAML 1.1: `defaultMode: 0644` is octal (420), not six hundred and
-            // forty-four. Read it the same way, or file modes would silently change.
-            let mut options = serde_saphyr::Options::default();
-            options.legacy_octal_numbers = true;
-            serde_saphyr::from_multiple_with_options::<Value>(text, options)
-                .map_err(|e| fail(format!("invalid YAML: {e}")))?
-        }
-    };
+    let values = values(text).map_err(fail)?;
     let mut docs = Vec::new();
     for (i, value) in values.into_iter().enumerate() {
         let index = i + 1;

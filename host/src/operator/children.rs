@@ -92,15 +92,21 @@ impl Applied {
     }
 }
 
-/// What [`Applies::saw`] records when the watch shows a child deleted while it is applied.
-pub(crate) const DELETED: &str = "(deleted)";
+/// What the watch showed of a child while it was applied.
+#[derive(Debug, Default)]
+pub(crate) struct Seen {
+    /// The resourceVersions it showed: the apply's own echo among them is no news, anything else
+    /// is.
+    pub versions: Vec<String>,
+    /// Whether it showed the child deleted: then nothing is in place, whatever the apply said.
+    pub deleted: bool,
+}
 
-/// The children being applied right now (keys from [`applied_key`]), each with the
-/// resourceVersions the watch showed of it meanwhile: the apply's own echo among them is no
-/// news, anything else is. Reports give way while it is not empty.
+/// The children being applied right now (keys from [`applied_key`]), each with what the watch
+/// showed of it meanwhile. Reports give way while it is not empty.
 #[derive(Default)]
 pub(crate) struct Applies {
-    children: Mutex<BTreeMap<String, Vec<String>>>,
+    children: Mutex<BTreeMap<String, Seen>>,
     /// Woken when the last apply in flight ends.
     pub done: tokio::sync::Notify,
 }
@@ -116,7 +122,7 @@ impl Applies {
     pub(crate) fn begin(&self, keys: Vec<String>) -> Batch<'_> {
         let mut children = lock(&self.children);
         for key in &keys {
-            children.insert(key.clone(), Vec::new());
+            children.insert(key.clone(), Seen::default());
         }
         Batch {
             applies: self,
@@ -131,15 +137,22 @@ impl Applies {
         let Some(seen) = children.get_mut(key) else {
             return false;
         };
-        seen.extend(resource_version.map(str::to_owned));
+        seen.versions.extend(resource_version.map(str::to_owned));
         true
+    }
+
+    /// Records that the watch showed `key` deleted, if it is being applied.
+    pub(crate) fn saw_deleted(&self, key: &str) {
+        if let Some(seen) = lock(&self.children).get_mut(key) {
+            seen.deleted = true;
+        }
     }
 
     pub(crate) fn is_empty(&self) -> bool {
         lock(&self.children).is_empty()
     }
 
-    fn end(&self, keys: &[String]) -> BTreeMap<String, Vec<String>> {
+    fn end(&self, keys: &[String]) -> BTreeMap<String, Seen> {
         let mut children = lock(&self.children);
         let ended = keys
             .iter()
@@ -154,7 +167,7 @@ impl Applies {
 
 impl Batch<'_> {
     /// Ends the batch: what the watch showed of each child while it was applied.
-    pub(crate) fn finish(mut self) -> BTreeMap<String, Vec<String>> {
+    pub(crate) fn finish(mut self) -> BTreeMap<String, Seen> {
         let keys = std::mem::take(&mut self.keys);
         self.applies.end(&keys)
     }
@@ -341,7 +354,7 @@ pub(crate) fn watch_children(
                         // apply in flight must not record it as in place when it returns.
                         for owner in o.metadata.owner_references.iter().flatten() {
                             let key = applied_key(&owner.uid, &kind_key, &child.2);
-                            shared.applies.saw(&key, Some(DELETED));
+                            shared.applies.saw_deleted(&key);
                             lock(&shared.applied).remove(&key);
                         }
                         o

@@ -308,9 +308,7 @@ impl Metrics {
     }
 
     fn health(&self) -> std::sync::MutexGuard<'_, Health> {
-        self.health
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        super::lock(&self.health)
     }
 
     /// Why the operator is not ready, if it is not.

@@ -107,6 +107,21 @@ pub(crate) struct Watched {
     pub store: Store<LiveChild>,
 }
 
+impl Watched {
+    /// A watch of the child kind `kind` on `ar`: what fills it, and what reads it.
+    fn new(kind: String, ar: &ApiResource) -> (children::Writer, Self) {
+        let writer = reflector::store::Writer::<LiveChild>::new(ar.clone());
+        let store = writer.as_reader();
+        let (first_list, listed) = FirstList::new();
+        let watch = Self {
+            ar: ar.clone(),
+            store,
+            listed,
+        };
+        ((kind, ar.clone(), writer, first_list), watch)
+    }
+}
+
 /// What every controller shares.
 pub(crate) struct Shared {
     pub client: kube::Client,
@@ -132,7 +147,7 @@ pub(crate) struct Shared {
     /// Resources waiting on an object they may not take.
     pub waiting: Mutex<Waiting>,
     /// Failures in a row per resource, for backoff.
-    pub failures: Mutex<BTreeMap<String, u32>>,
+    pub failures: Mutex<BTreeMap<report::Key, u32>>,
     /// One permit per apply or delete in flight (`Settings::max_writes_in_flight`).
     pub writes: tokio::sync::Semaphore,
     /// Whether every watch (served Kinds and child kinds) has listed what it watches.
@@ -199,6 +214,10 @@ pub(crate) struct KindCtx {
     pub shared: Arc<Shared>,
     pub ar: ApiResource,
     pub controller: String,
+    /// The name of the plugin that serves the Kind (the metrics' `plugin` label).
+    pub plugin: String,
+    /// `name@version (sha256 prefix)` of that plugin, for status.
+    pub plugin_id: String,
 }
 
 /// Runs the operator until `shutdown` resolves (SIGTERM in the binary), then finishes the
@@ -425,15 +444,9 @@ async fn setup(
                 // One watch per `group/Kind`, on the first version the cluster serves.
                 let kind = children::kind_key(&api_version, &child.kind);
                 if let std::collections::btree_map::Entry::Vacant(slot) = watched.entry(kind) {
-                    let writer = reflector::store::Writer::<LiveChild>::new(ar.clone());
-                    let store = writer.as_reader();
-                    let (first_list, listed) = FirstList::new();
-                    writers.push((slot.key().clone(), ar.clone(), writer, first_list));
-                    slot.insert(Watched {
-                        ar: ar.clone(),
-                        store,
-                        listed,
-                    });
+                    let (writer, watch) = Watched::new(slot.key().clone(), &ar);
+                    writers.push(writer);
+                    slot.insert(watch);
                 }
                 Ok(ar)
             }
@@ -589,10 +602,9 @@ async fn rediscover(shared: Arc<Shared>, settings: Settings, controllers: Arc<Co
         for (_, ar) in &served {
             let kind = children::kind_key(&ar.api_version, &ar.kind);
             if !read(&shared.watched).contains_key(&kind) {
-                let writer = reflector::store::Writer::<LiveChild>::new(ar.clone());
-                let (first_list, listed) = FirstList::new();
-                stores.push((kind.clone(), ar.clone(), writer.as_reader(), listed));
-                writers.push((kind, ar.clone(), writer, first_list));
+                let (writer, watch) = Watched::new(kind.clone(), ar);
+                writers.push(writer);
+                stores.push((kind, watch));
             }
         }
         let listed = children::watch_children(&shared, writers, &settings);
@@ -606,9 +618,7 @@ async fn rediscover(shared: Arc<Shared>, settings: Settings, controllers: Arc<Co
         }
         {
             let mut watched = write(&shared.watched);
-            for (kind, ar, store, listed) in stores {
-                watched.insert(kind, Watched { ar, store, listed });
-            }
+            watched.extend(stores);
         }
         {
             let mut targets = write(&shared.targets);
@@ -653,10 +663,20 @@ impl Controllers {
             None => Api::all_with(shared.client.clone(), &ar),
         };
         let controller = format!("{}.{}", kind.plural, kind.group);
+        // The plugin serving a Kind is fixed for the operator's life: looked up once here.
+        let (plugin_name, plugin_id) = match shared.registry.lookup(&ar.api_version, &ar.kind) {
+            Ok((p, _)) => (
+                p.name().to_owned(),
+                format!("{}@{} ({})", p.name(), p.info().version, &p.sha256()[..12]),
+            ),
+            Err(e) => (plugin.to_owned(), e.to_string()),
+        };
         let ctx = Arc::new(KindCtx {
             shared: shared.clone(),
             ar: ar.clone(),
             controller: controller.clone(),
+            plugin: plugin_name,
+            plugin_id,
         });
         let (tx, rx) = mpsc::unbounded();
         lock(&shared.owners).insert(format!("{}/{}", ar.api_version, ar.kind), (ar.clone(), tx));

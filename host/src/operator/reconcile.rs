@@ -24,7 +24,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 
-use super::children::{Applied, ChildId, DELETED, applied_key, controller_uid, kind_key};
+use super::children::{Applied, ChildId, applied_key, controller_uid, kind_key};
 use super::metrics::{ControllerLabels, FailureLabels, Metrics, PluginLabels, ResultLabels};
 use super::report::{self, Key};
 use super::status::{self, Child, Outcome, Problem, Skipped};
@@ -71,7 +71,7 @@ pub(crate) async fn reconcile(
         let _measure = Measure::start(metrics, &ctx.controller);
         reconcile_inner(&obj, &ctx).await
     };
-    let key = resource_key(&ctx, &obj);
+    let key = report_key(&ctx, &obj);
     let outcome = match &result {
         Ok(_) => {
             lock(&ctx.shared.failures).remove(&key);
@@ -135,15 +135,6 @@ impl Drop for Measure<'_> {
     }
 }
 
-fn resource_key(ctx: &KindCtx, obj: &DynamicObject) -> String {
-    format!(
-        "{}/{}/{}",
-        ctx.controller,
-        obj.namespace().unwrap_or_default(),
-        obj.name_any()
-    )
-}
-
 /// Retries a failed reconciliation: 1 s, doubling to 5 minutes, per resource.
 pub(crate) fn error_policy(
     obj: Arc<DynamicObject>,
@@ -151,7 +142,7 @@ pub(crate) fn error_policy(
     ctx: Arc<KindCtx>,
 ) -> Action {
     let mut failures = lock(&ctx.shared.failures);
-    let n = failures.entry(resource_key(&ctx, &obj)).or_insert(0);
+    let n = failures.entry(report_key(&ctx, &obj)).or_insert(0);
     *n += 1;
     backoff(*n)
 }
@@ -282,11 +273,6 @@ async fn render(
     ctx: &KindCtx,
 ) -> Result<Result<Vec<Value>, RenderError>, ReconcileError> {
     let shared = &ctx.shared;
-    let plugin = shared
-        .registry
-        .lookup(&owner.resource.api_version, &owner.resource.kind)
-        .map(|(p, _)| p.name().to_owned())
-        .unwrap_or_default();
     let registry = shared.registry.clone();
     let resource = owner.resource.clone();
     let started = Instant::now();
@@ -294,15 +280,14 @@ async fn render(
     let rendered = match tokio::time::timeout(shared.render_wait, task).await {
         Ok(joined) => joined?,
         Err(_) => Err(RenderError::Plugin {
-            plugin: plugin.clone(),
+            plugin: ctx.plugin.clone(),
             error: PluginError::Deadline(shared.render_wait),
         }),
     };
     Metrics::observe(
-        &shared
-            .metrics
-            .render_time
-            .get_or_create(&PluginLabels { plugin }),
+        &shared.metrics.render_time.get_or_create(&PluginLabels {
+            plugin: ctx.plugin.clone(),
+        }),
         started.elapsed(),
     );
     Ok(rendered)
@@ -317,17 +302,11 @@ fn report_render_failure(
     owner: &Owner,
     e: RenderError,
 ) -> Result<Action, ReconcileError> {
-    let plugin = ctx
-        .shared
-        .registry
-        .lookup(&owner.resource.api_version, &owner.resource.kind)
-        .map(|(p, _)| p.name().to_owned())
-        .unwrap_or_default();
     ctx.shared
         .metrics
         .render_failures
         .get_or_create(&FailureLabels {
-            plugin,
+            plugin: ctx.plugin.clone(),
             reason: e.reason().to_owned(),
         })
         .inc();
@@ -348,7 +327,8 @@ fn report_render_failure(
         }],
         ..Outcome::default()
     };
-    if write_status(obj, ctx, owner, &outcome) {
+    let current = current_status(ctx, obj);
+    if write_status(obj, ctx, owner, current.as_ref(), &outcome) {
         publish(ctx, obj, EventType::Warning, e.reason(), e.to_string());
     }
     if retrying {
@@ -755,12 +735,14 @@ async fn apply(
             Ok(answer) => {
                 if let Some(answer) = &answer {
                     let seen = seen_meanwhile.get(&planned.cache_key);
-                    out.look_again |= seen.is_some_and(|seen| {
-                        seen.iter()
-                            .any(|rv| Some(rv) != answer.metadata.resource_version.as_ref())
-                    });
                     // Deleted while applied (after the apply landed): nothing is in place.
-                    let deleted = seen.is_some_and(|seen| seen.iter().any(|rv| rv == DELETED));
+                    let deleted = seen.is_some_and(|seen| seen.deleted);
+                    out.look_again |= deleted
+                        || seen.is_some_and(|seen| {
+                            seen.versions
+                                .iter()
+                                .any(|rv| Some(rv) != answer.metadata.resource_version.as_ref())
+                        });
                     let now = Applied {
                         hash: planned.hash,
                         generation: answer.metadata.generation,
@@ -968,10 +950,11 @@ fn report(
         skipped,
         problems,
     };
-    let said = ready_message(ctx, obj);
-    if write_status(obj, ctx, owner, &outcome) {
+    let current = current_status(ctx, obj);
+    if write_status(obj, ctx, owner, current.as_ref(), &outcome) {
         // Each problem once, when it appears: not again whenever another part of the status
         // (a child's readiness) changes.
+        let said = ready_message(current.as_ref());
         for p in outcome
             .problems
             .iter()
@@ -1010,21 +993,20 @@ fn publish(ctx: &KindCtx, obj: &DynamicObject, type_: EventType, reason: &str, n
         .event(event, obj.object_ref(&ctx.ar), &ctx.controller);
 }
 
-/// The message of the resource's current `Ready` condition (one not yet written counts).
-fn ready_message(ctx: &KindCtx, obj: &DynamicObject) -> String {
+/// The status `obj` has or is about to have: one not yet written is newer than the watch's.
+fn current_status(ctx: &KindCtx, obj: &DynamicObject) -> Option<Value> {
     ctx.shared
         .reports
         .pending_status(&report_key(ctx, obj))
         .or_else(|| obj.data.get("status").cloned())
-        .and_then(|s| {
-            s.get("conditions")?
-                .as_array()?
-                .iter()
-                .find(|c| c["type"] == "Ready")?
-                .get("message")?
-                .as_str()
-                .map(str::to_owned)
-        })
+}
+
+/// The message of the `Ready` condition of `status`.
+fn ready_message(status: Option<&Value>) -> &str {
+    status
+        .and_then(|s| s.get("conditions")?.as_array())
+        .and_then(|conds| conds.iter().find(|c| c["type"] == "Ready"))
+        .and_then(|c| c.get("message")?.as_str())
         .unwrap_or_default()
 }
 
@@ -1036,21 +1018,16 @@ fn report_key(ctx: &KindCtx, obj: &DynamicObject) -> Key {
     }
 }
 
-/// Asks for the status `outcome` says to be written when it differs from the resource's current
-/// one (one not yet written is newer than the watch's); returns whether it differs.
-fn write_status(obj: &DynamicObject, ctx: &KindCtx, owner: &Owner, outcome: &Outcome) -> bool {
-    let key = report_key(ctx, obj);
-    let current = ctx
-        .shared
-        .reports
-        .pending_status(&key)
-        .or_else(|| obj.data.get("status").cloned());
-    let desired = status::status(
-        outcome,
-        owner.resource.generation,
-        current.as_ref(),
-        &plugin_id(ctx, owner),
-    );
+/// Asks for the status `outcome` says to be written when it differs from `current` (see
+/// [`current_status`]); returns whether it differs.
+fn write_status(
+    obj: &DynamicObject,
+    ctx: &KindCtx,
+    owner: &Owner,
+    current: Option<&Value>,
+    outcome: &Outcome,
+) -> bool {
+    let desired = status::status(outcome, owner.resource.generation, current, &ctx.plugin_id);
     let comparable = |v: &Value| {
         let mut v = v.clone();
         if let Some(conds) = v.get_mut("conditions").and_then(Value::as_array_mut) {
@@ -1062,10 +1039,7 @@ fn write_status(obj: &DynamicObject, ctx: &KindCtx, owner: &Owner, outcome: &Out
         }
         v
     };
-    if status::same(
-        &comparable(&desired),
-        current.as_ref().map(comparable).as_ref(),
-    ) {
+    if status::same(&comparable(&desired), current.map(comparable).as_ref()) {
         return false;
     }
     let hold = if outcome.settling() {
@@ -1073,20 +1047,10 @@ fn write_status(obj: &DynamicObject, ctx: &KindCtx, owner: &Owner, outcome: &Out
     } else {
         Duration::ZERO
     };
-    ctx.shared.reports.status(key, &ctx.ar, desired, hold);
+    ctx.shared
+        .reports
+        .status(report_key(ctx, obj), &ctx.ar, desired, hold);
     true
-}
-
-/// `name@version (sha256 prefix)` of the plugin serving the resource, for status.
-fn plugin_id(ctx: &KindCtx, owner: &Owner) -> String {
-    match ctx
-        .shared
-        .registry
-        .lookup(&owner.resource.api_version, &owner.resource.kind)
-    {
-        Ok((p, _)) => format!("{}@{} ({})", p.name(), p.info().version, &p.sha256()[..12]),
-        Err(e) => e.to_string(),
-    }
 }
 
 #[cfg(test)]

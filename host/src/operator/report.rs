@@ -29,9 +29,9 @@ use kube::runtime::events::{Event, Recorder};
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 
-use super::FIELD_MANAGER;
 use super::children::Applies;
 use super::metrics::{Metrics, WriteLabels};
+use super::{FIELD_MANAGER, lock};
 
 /// How many writes of reports are in flight at most.
 pub(crate) const WORKERS: usize = 4;
@@ -57,6 +57,12 @@ pub(crate) struct Key {
     pub controller: String,
     pub namespace: String,
     pub name: String,
+}
+
+impl std::fmt::Display for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}/{}", self.controller, self.namespace, self.name)
+    }
 }
 
 /// A status to write through the status subresource.
@@ -189,8 +195,10 @@ impl Reports {
     /// The status most recently asked for and not yet written, if any: newer than what the
     /// watch shows.
     pub(crate) fn pending_status(&self, key: &Key) -> Option<Value> {
-        let queue = self.queue.lock().ok()?;
-        queue.statuses.get(key).map(|w| w.status.clone())
+        lock(&self.queue)
+            .statuses
+            .get(key)
+            .map(|w| w.status.clone())
     }
 
     /// Asks for `status` to be written for the resource `key` (of `ar`), replacing any status
@@ -203,35 +211,27 @@ impl Reports {
             not_before: Instant::now() + hold,
             failures: 0,
         };
-        if let Ok(mut queue) = self.queue.lock() {
-            queue.push_status(key, write);
-            self.work.notify_one();
-        }
+        lock(&self.queue).push_status(key, write);
+        self.work.notify_one();
     }
 
     /// Asks for an event about `regarding`; `controller` labels its metric.
     pub(crate) fn event(&self, event: Event, regarding: ObjectReference, controller: &str) {
-        if let Ok(mut queue) = self.queue.lock() {
-            queue
-                .events
-                .push_back((event, regarding, controller.to_owned()));
-            self.work.notify_one();
-        }
+        lock(&self.queue)
+            .events
+            .push_back((event, regarding, controller.to_owned()));
+        self.work.notify_one();
     }
 
     /// The next write that is due, else when the next held status falls due.
     fn next(&self) -> Result<Work, Option<Instant>> {
-        let Ok(mut queue) = self.queue.lock() else {
-            return Err(None);
-        };
-        let work = queue.pop(Instant::now())?;
+        let work = lock(&self.queue).pop(Instant::now())?;
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         Ok(work)
     }
 
     fn is_empty(&self) -> bool {
-        self.queue.lock().map_or(true, |q| q.is_empty())
-            && self.in_flight.load(Ordering::SeqCst) == 0
+        lock(&self.queue).is_empty() && self.in_flight.load(Ordering::SeqCst) == 0
     }
 
     /// Writes reports until the process ends; run [`WORKERS`] of these.
@@ -257,11 +257,9 @@ impl Reports {
                                 resource: key.controller.clone(),
                             })
                             .inc();
-                        tracing::warn!(resource = %format!("{}/{}/{}", key.controller, key.namespace, key.name),
+                        tracing::warn!(resource = %key,
                             "status not written, retrying in {:?}: {e}", retry_after(write.failures + 1));
-                        if let Ok(mut queue) = self.queue.lock() {
-                            queue.retry_status(key, write, Instant::now());
-                        }
+                        lock(&self.queue).retry_status(key, write, Instant::now());
                     }
                 }
                 Ok(Work::Event(..)) if !self.fence.allows() => {
@@ -331,11 +329,9 @@ impl Reports {
     /// Writes every held status now, then waits until every report asked for so far is
     /// written, or `limit` passes.
     pub(crate) async fn flush(&self, limit: Duration) {
-        if let Ok(mut queue) = self.queue.lock() {
-            let now = Instant::now();
-            for w in queue.statuses.values_mut() {
-                w.not_before = now;
-            }
+        let now = Instant::now();
+        for w in lock(&self.queue).statuses.values_mut() {
+            w.not_before = now;
         }
         self.work.notify_waiters();
         let done = async {

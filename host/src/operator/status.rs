@@ -122,11 +122,7 @@ pub(crate) fn bounded_to(message: &str, limit: usize) -> String {
         return message.to_owned();
     }
     // Room for the note saying how much was cut.
-    let mut end = limit.saturating_sub(32);
-    while !message.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}… ({} more bytes)", &message[..end], message.len() - end)
+    crate::error::bounded(message.to_owned(), limit.saturating_sub(32))
 }
 
 fn condition(

@@ -155,6 +155,13 @@ fn kubectl(cp: &ControlPlane, args: &[&str]) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// Runs kubectl as admin and asserts that it succeeded; returns what it printed.
+fn kubectl_ok(cp: &ControlPlane, args: &[&str]) -> String {
+    let (ok, out) = kubectl(cp, args);
+    assert!(ok, "kubectl {args:?}: {out}");
+    out
+}
+
 fn apply(cp: &ControlPlane, ns: &str, yaml: &str) {
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), yaml).unwrap();
@@ -296,8 +303,7 @@ async fn a_service_lives_its_whole_life() {
     .await;
 
     // Delete a child by hand: it comes back within two seconds.
-    let (ok, out) = kubectl(cp, &["delete", "-n", &ns, "service/web", "--wait=true"]);
-    assert!(ok, "{out}");
+    kubectl_ok(cp, &["delete", "-n", &ns, "service/web", "--wait=true"]);
     let deleted = Instant::now();
     eventually("the Service to come back", Duration::from_secs(10), || {
         get(cp, &ns, "service/web").is_some()
@@ -310,7 +316,7 @@ async fn a_service_lives_its_whole_life() {
     );
 
     // Another field manager takes a field we own: ours wins again.
-    let (ok, out) = kubectl(
+    kubectl_ok(
         cp,
         &[
             "patch",
@@ -323,7 +329,6 @@ async fn a_service_lives_its_whole_life() {
             r#"{"spec":{"replicas":7}}"#,
         ],
     );
-    assert!(ok, "{out}");
     eventually(
         "the Deployment to be ours again",
         Duration::from_secs(10),
@@ -347,11 +352,10 @@ async fn a_service_lives_its_whole_life() {
     }
 
     // Delete the resource: the garbage collector removes the children.
-    let (ok, out) = kubectl(
+    kubectl_ok(
         cp,
         &["delete", "-n", &ns, "services.hanzo.ai/web", "--wait=false"],
     );
-    assert!(ok, "{out}");
     eventually(
         "the children to be garbage-collected",
         Duration::from_secs(60),
@@ -382,9 +386,8 @@ async fn a_hostile_plugin_stalls_its_resources_and_nothing_else() {
     let crd = host::crd::crd(&hostile, &hostile.info().kinds[0]).unwrap();
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), crd.to_string()).unwrap();
-    let (ok, out) = kubectl(cp, &["apply", "-f", &file.path().display().to_string()]);
-    assert!(ok, "{out}");
-    let (ok, out) = kubectl(
+    kubectl_ok(cp, &["apply", "-f", &file.path().display().to_string()]);
+    kubectl_ok(
         cp,
         &[
             "wait",
@@ -393,7 +396,6 @@ async fn a_hostile_plugin_stalls_its_resources_and_nothing_else() {
             "--timeout=30s",
         ],
     );
-    assert!(ok, "{out}");
 
     let op = Operator::start(cp, &ns, "hanzo.ai", &[PathBuf::from(test_guests::HOSTILE)]).await;
     let hostile = |name: &str, mode: &str| {
@@ -569,7 +571,7 @@ async fn runs_with_its_rbac_skips_missing_crds_and_survives_an_api_server_restar
         assert!(ok, "kubectl {args:?}: {out}");
     }
     // One served Kind's CRD is left out at start, to be installed while the operator runs.
-    let (ok, out) = kubectl(
+    kubectl_ok(
         &cp,
         &[
             "delete",
@@ -578,7 +580,6 @@ async fn runs_with_its_rbac_skips_missing_crds_and_survives_an_api_server_restar
             "--wait=true",
         ],
     );
-    assert!(ok, "{out}");
     let admin = cp.client().await.unwrap();
     let ns = cp.namespace(&admin, "app").await.unwrap();
     // The operator acts as its ServiceAccount, bound by deploy/rbac.yaml only.
@@ -635,8 +636,7 @@ async fn runs_with_its_rbac_skips_missing_crds_and_survives_an_api_server_restar
     // The Prometheus Operator's CRD arrives after the operator started: noticed without a
     // restart, and the skipped ServiceMonitor is applied within seconds.
     let monitor_crd = root.join("tests/crds/servicemonitors.monitoring.coreos.com.yaml");
-    let (ok, out) = kubectl(&cp, &["apply", "-f", &monitor_crd.display().to_string()]);
-    assert!(ok, "{out}");
+    kubectl_ok(&cp, &["apply", "-f", &monitor_crd.display().to_string()]);
     let installed = Instant::now();
     eventually_or(
         "the skipped ServiceMonitor to be applied",
@@ -673,9 +673,8 @@ async fn runs_with_its_rbac_skips_missing_crds_and_survives_an_api_server_restar
 
     // The served Kind whose CRD comes late is served without a restart.
     let kv_crd = root.join("crds/kvclusters.storage.mydatabase.io.yaml");
-    let (ok, out) = kubectl(&cp, &["apply", "-f", &kv_crd.display().to_string()]);
-    assert!(ok, "{out}");
-    let (ok, out) = kubectl(
+    kubectl_ok(&cp, &["apply", "-f", &kv_crd.display().to_string()]);
+    kubectl_ok(
         &cp,
         &[
             "wait",
@@ -684,7 +683,6 @@ async fn runs_with_its_rbac_skips_missing_crds_and_survives_an_api_server_restar
             "--timeout=30s",
         ],
     );
-    assert!(ok, "{out}");
     apply(
         &cp,
         &ns,
@@ -877,8 +875,7 @@ async fn an_object_made_by_hand_is_never_taken_unless_adoption_is_asked_for() {
     );
 
     // Deleting `web` garbage-collects what it owns, never the object it left alone.
-    let (ok, out) = kubectl(cp, &["delete", "-n", &ns, "services.hanzo.ai/web"]);
-    assert!(ok, "{out}");
+    kubectl_ok(cp, &["delete", "-n", &ns, "services.hanzo.ai/web"]);
     eventually(
         "web's Deployment to be collected",
         Duration::from_secs(60),
@@ -1020,7 +1017,7 @@ spec:
     );
 
     // Lift the policy: the retry deletes it, and only then is it recorded as pruned.
-    let (ok, out) = kubectl(
+    kubectl_ok(
         cp,
         &[
             "delete",
@@ -1028,7 +1025,6 @@ spec:
             &format!("keep-{ns}"),
         ],
     );
-    assert!(ok, "{out}");
     eventually("the Ingress to be pruned", Duration::from_secs(60), || {
         get(cp, &ns, "ingress/web").is_none()
     })
@@ -1041,11 +1037,10 @@ spec:
         get(cp, &ns, "ingress/copycat").is_some(),
         "an object that only carried our label was pruned"
     );
-    let (ok, out) = kubectl(
+    kubectl_ok(
         cp,
         &["delete", "validatingadmissionpolicy", &format!("keep-{ns}")],
     );
-    assert!(ok, "{out}");
     op.stop().await;
 }
 
@@ -1107,13 +1102,12 @@ async fn a_leader_cut_off_stops_writing_before_another_takes_over() {
     let _logs = cp.logs_on_failure();
     let root = crate::support::root();
     for file in ["crds/", "deploy/namespace.yaml", "deploy/rbac.yaml"] {
-        let (ok, out) = kubectl(
+        kubectl_ok(
             &cp,
             &["apply", "-f", &root.join(file).display().to_string()],
         );
-        assert!(ok, "{out}");
     }
-    let (ok, out) = kubectl(
+    kubectl_ok(
         &cp,
         &[
             "wait",
@@ -1123,7 +1117,6 @@ async fn a_leader_cut_off_stops_writing_before_another_takes_over() {
             "--timeout=60s",
         ],
     );
-    assert!(ok, "{out}");
     let admin = cp.client().await.unwrap();
     let ns = cp.namespace(&admin, "partition").await.unwrap();
     // Replica A reaches the API server through a proxy the test can cut; B directly. Both act

@@ -170,26 +170,11 @@ fn file_inner(
     Ok(outcome)
 }
 
-/// How many documents `text` holds, read without `documents::parse` (a `List` counts its items),
-/// or why it should have been refused; `None` when this reading fails.
+/// How many documents `text` holds, counted without `documents::parse` (a `List` counts its
+/// items; the values are read as `host render` reads them), or why it should have been refused;
+/// `None` when the text cannot be read.
 fn count_documents(text: &str) -> Option<Result<usize, String>> {
-    let trimmed = text.trim_start();
-    let values: Vec<Value> = if trimmed.starts_with('{') || trimmed.starts_with('[') {
-        serde_json::Deserializer::from_str(text)
-            .into_iter::<Value>()
-            .collect::<Result<Vec<_>, _>>()
-            .ok()?
-            .into_iter()
-            .flat_map(|v| match v {
-                Value::Array(items) => items,
-                other => vec![other],
-            })
-            .collect()
-    } else {
-        let mut options = serde_saphyr::Options::default();
-        options.legacy_octal_numbers = true;
-        serde_saphyr::from_multiple_with_options(text, options).ok()?
-    };
+    let values = host::documents::values(text).ok()?;
     let mut n = 0;
     for (i, v) in values.iter().enumerate() {
         let is_list = v["kind"].as_str().is_some_and(|k| k.ends_with("List"));

@@ -101,45 +101,7 @@ pub fn conforms(v: &Value, schema: &Value, strict: bool) -> bool {
 /// Whether `v` is a valid value of the Kubernetes type named `definition` (those `crd.rs`
 /// inlines); unknown names pass.
 fn typed_as(definition: &str, v: &Value) -> bool {
-    use k8s_openapi::api::core::v1 as core;
-    use k8s_openapi::api::networking::v1 as networking;
-    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
-    macro_rules! table {
-        ($($name:literal => $ty:ty,)*) => {
-            match definition {
-                $($name => typed::<$ty>(v).is_ok(),)*
-                _ => true,
-            }
-        };
-    }
-    table! {
-        "io.k8s.api.core.v1.Affinity" => core::Affinity,
-        "io.k8s.api.core.v1.Container" => core::Container,
-        "io.k8s.api.core.v1.ContainerPort" => core::ContainerPort,
-        "io.k8s.api.core.v1.EnvFromSource" => core::EnvFromSource,
-        "io.k8s.api.core.v1.EnvVar" => core::EnvVar,
-        "io.k8s.api.core.v1.ExecAction" => core::ExecAction,
-        "io.k8s.api.core.v1.GRPCAction" => core::GRPCAction,
-        "io.k8s.api.core.v1.HTTPGetAction" => core::HTTPGetAction,
-        "io.k8s.api.core.v1.LocalObjectReference" => core::LocalObjectReference,
-        "io.k8s.api.core.v1.PersistentVolumeClaimSpec" => core::PersistentVolumeClaimSpec,
-        "io.k8s.api.core.v1.PodSecurityContext" => core::PodSecurityContext,
-        "io.k8s.api.core.v1.PodSpec" => core::PodSpec,
-        "io.k8s.api.core.v1.Probe" => core::Probe,
-        "io.k8s.api.core.v1.ResourceRequirements" => core::ResourceRequirements,
-        "io.k8s.api.core.v1.SecurityContext" => core::SecurityContext,
-        "io.k8s.api.core.v1.ServicePort" => core::ServicePort,
-        "io.k8s.api.core.v1.TCPSocketAction" => core::TCPSocketAction,
-        "io.k8s.api.core.v1.Toleration" => core::Toleration,
-        "io.k8s.api.core.v1.TopologySpreadConstraint" => core::TopologySpreadConstraint,
-        "io.k8s.api.core.v1.Volume" => core::Volume,
-        "io.k8s.api.core.v1.VolumeMount" => core::VolumeMount,
-        "io.k8s.api.networking.v1.NetworkPolicyPeer" => networking::NetworkPolicyPeer,
-        "io.k8s.apimachinery.pkg.api.resource.Quantity" => Quantity,
-        "io.k8s.apimachinery.pkg.apis.meta.v1.Condition" => meta::Condition,
-        "io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelector" => meta::LabelSelector,
-    }
+    host::crd::kubernetes_type(definition).is_none_or(|t| (t.accepts)(v))
 }
 
 fn typed<T: DeserializeOwned>(o: &Value) -> Result<(), String> {
