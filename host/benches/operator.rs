@@ -13,11 +13,12 @@
 //! The operator runs as in production: leader election on (a Lease in the namespace), API
 //! Priority and Fairness on in the API server.
 //!
-//! Rounds of both phases (`BENCH_ROUNDS`, default 5); the ratio of each round and their median.
+//! Rounds of both phases (`BENCH_ROUNDS`, default 5, 0 skips 1 to 5); the ratio of each round
+//! and their median.
 //!
 //! 6. A mixed run: Service, SQL (Datastore), KVCluster and IAM resources together, both phases.
-//! 7. A large run: the operator alone on 10,000 Service resources, for its peak RSS and the time
-//!    until every child is applied.
+//! 7. A large run on 10,000 Service resources, both phases, for the operator's peak RSS and the
+//!    time until every child is applied (`BENCH_LARGE_BARE=0` skips its bare loop).
 //!
 //! Run: `cargo bench -p host --bench operator` (N defaults to 1000; `BENCH_RESOURCES=200` for a
 //! quicker run; `BENCH_QUIET_SECS` sets the quiet period, default 60; `BENCH_MIXED` the mixed
@@ -224,10 +225,15 @@ fn cpu_text(cpu: &[(String, f64)]) -> String {
 }
 
 fn peak_rss_mib(pid: u32) -> f64 {
+    proc_status_mib(pid, "VmHWM:")
+}
+
+/// A memory figure of `/proc/<pid>/status` (such as `VmRSS:`), MiB.
+fn proc_status_mib(pid: u32, field: &str) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
         .map_or(0.0, |kb| kb / 1024.0)
 }
@@ -455,6 +461,10 @@ struct OperatorRun {
     writes: Vec<(String, f64)>,
     /// The operator's peak RSS, MiB.
     rss: f64,
+    /// Its peak RSS at `/readyz`, once every watch has listed, MiB.
+    rss_ready: f64,
+    /// Its RSS at the end, MiB.
+    rss_end: f64,
     /// Only when a quiet period was asked.
     quiet: Option<Quiet>,
 }
@@ -523,6 +533,7 @@ async fn operator_phase(
     let up = Instant::now();
     let operator = start_operator(&cp, &client, &ns, port, "bench-1").await;
     let startup = up.elapsed();
+    let rss_ready = peak_rss_mib(operator.0.id());
     let started = Instant::now();
     let cpu0 = machine_cpu();
     trace(&seen, total, "operator");
@@ -553,6 +564,7 @@ async fn operator_phase(
                 .collect();
             let (api_writes, lease_writes) = audited_writes(&cp, "(bench-1)", from, to);
             let rss = peak_rss_mib(operator.0.id());
+            let rss_end = proc_status_mib(operator.0.id(), "VmRSS:");
             // A restart with nothing changed: a new process, the same cluster.
             stop(operator);
             let from = Timestamp::now();
@@ -565,6 +577,8 @@ async fn operator_phase(
                 phase,
                 writes,
                 rss,
+                rss_ready,
+                rss_end,
                 quiet: Some(Quiet {
                     ready_after,
                     writes: quiet_writes,
@@ -577,12 +591,15 @@ async fn operator_phase(
         None => None,
     };
     let rss = peak_rss_mib(operator.0.id());
+    let rss_end = proc_status_mib(operator.0.id(), "VmRSS:");
     stop(operator);
     OperatorRun {
         startup,
         phase,
         writes,
         rss,
+        rss_ready,
+        rss_end,
         quiet,
     }
 }
@@ -741,7 +758,7 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 async fn main() {
     let n: usize = env_or("BENCH_RESOURCES", 1000);
     let quiet: u64 = env_or("BENCH_QUIET_SECS", 60);
-    let rounds: usize = env_or("BENCH_ROUNDS", 5).max(1);
+    let rounds: usize = env_or("BENCH_ROUNDS", 5);
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .unwrap()
@@ -751,16 +768,98 @@ async fn main() {
         host::registry::Registry::load(&runtime, host::types::Context::default(), true, &[])
             .unwrap();
 
+    if rounds > 0 {
+        services(&root, &registry, n, quiet, rounds).await;
+    }
+
+    // Several Kinds at once, as a cluster runs them.
+    let mixed: usize = env_or("BENCH_MIXED", n);
+    if mixed > 0 {
+        let (bare, total) = bare_phase(&root, &registry, Workload::Mixed(mixed)).await;
+        let op = operator_phase(&root, Workload::Mixed(mixed), total, None).await;
+        let (b, o, up) = (
+            bare.time.as_secs_f64(),
+            op.phase.time.as_secs_f64(),
+            op.startup.as_secs_f64(),
+        );
+        println!(
+            "\n## Mixed: {mixed} resources (Service, SQL, KVCluster, IAM in turn), {total} children, one round\n"
+        );
+        println!("| measure | value | target |");
+        println!("|---|---:|---|");
+        println!("| bare SSA loop, 16 in flight | {b:.1} s | |");
+        println!("| `host run` start-up | {up:.2} s | |");
+        println!("| `host run` from `/readyz` until every child is applied | {o:.1} s | |");
+        println!("| ratio (from `/readyz`) | {:.2}× | ≤ 1.25× |", o / b);
+        println!(
+            "| ratio (from process start, start-up included) | {:.2}× | |",
+            (o + up) / b
+        );
+        println!("| operator peak RSS | {:.0} MiB | ≤ 128 MiB |", op.rss);
+    }
+
+    // Many resources: memory and time to converge, and the bare loop at that size
+    // (`BENCH_LARGE_BARE=0` skips it).
+    let large: usize = env_or("BENCH_LARGE", 10_000);
+    if large > 0 {
+        let bare = if env_or("BENCH_LARGE_BARE", 1) > 0 {
+            Some(bare_phase(&root, &registry, Workload::Services(large)).await)
+        } else {
+            None
+        };
+        let total = 2 * large;
+        let op = operator_phase(&root, Workload::Services(large), total, None).await;
+        let o = op.phase.time.as_secs_f64();
+        println!("\n## {large} Service resources, {total} children, one round\n");
+        println!("| measure | value | target |");
+        println!("|---|---:|---|");
+        if let Some((bare, _)) = &bare {
+            println!(
+                "| bare SSA loop, 16 in flight | {:.1} s | |",
+                bare.time.as_secs_f64()
+            );
+        }
+        println!(
+            "| `host run` start-up | {:.2} s | |",
+            op.startup.as_secs_f64()
+        );
+        println!("| `host run` from `/readyz` until every child is applied | {o:.1} s | |");
+        if let Some((bare, _)) = &bare {
+            let b = bare.time.as_secs_f64();
+            println!("| ratio (from `/readyz`) | {:.2}× | |", o / b);
+            println!(
+                "| ratio (from process start, start-up included) | {:.2}× | |",
+                (o + op.startup.as_secs_f64()) / b
+            );
+        }
+        println!("| operator peak RSS | {:.0} MiB | ≤ 256 MiB |", op.rss);
+        println!(
+            "| operator peak RSS at `/readyz` (every watch listed) | {:.0} MiB | |",
+            op.rss_ready
+        );
+        println!("| operator RSS at the end | {:.0} MiB | |", op.rss_end);
+    }
+}
+
+/// Rounds of both phases on `n` Service resources, the quiet minute and the restart: the first
+/// table.
+async fn services(
+    root: &std::path::Path,
+    registry: &host::registry::Registry,
+    n: usize,
+    quiet: u64,
+    rounds: usize,
+) {
     // Rounds of (bare loop, operator), each phase on a fresh control plane: a control plane
     // gets slower as objects pile up in it (the bare loop's time went from 5.5 s to 20.6 s over
     // eight rounds in one), so a second phase on the first one's control plane would pay for
     // the first's objects. The last operator run also measures the quiet period.
     let (mut bares, mut operators) = (Vec::new(), Vec::new());
     for round in 0..rounds {
-        let (bare, total) = bare_phase(&root, &registry, Workload::Services(n)).await;
+        let (bare, total) = bare_phase(root, registry, Workload::Services(n)).await;
         let last = round + 1 == rounds;
         let operator =
-            operator_phase(&root, Workload::Services(n), total, last.then_some(quiet)).await;
+            operator_phase(root, Workload::Services(n), total, last.then_some(quiet)).await;
         eprintln!(
             "round {}: bare {:.2} s ({}), operator {:.2} s ({})",
             round + 1,
@@ -882,49 +981,4 @@ async fn main() {
         listed(&steady.restart_writes)
     );
     println!("| operator peak RSS | {:.0} MiB | | ≤ 128 MiB |", last.rss);
-
-    // Several Kinds at once, as a cluster runs them.
-    let mixed: usize = env_or("BENCH_MIXED", n);
-    if mixed > 0 {
-        let (bare, total) = bare_phase(&root, &registry, Workload::Mixed(mixed)).await;
-        let op = operator_phase(&root, Workload::Mixed(mixed), total, None).await;
-        let (b, o, up) = (
-            bare.time.as_secs_f64(),
-            op.phase.time.as_secs_f64(),
-            op.startup.as_secs_f64(),
-        );
-        println!(
-            "\n## Mixed: {mixed} resources (Service, SQL, KVCluster, IAM in turn), {total} children, one round\n"
-        );
-        println!("| measure | value | target |");
-        println!("|---|---:|---|");
-        println!("| bare SSA loop, 16 in flight | {b:.1} s | |");
-        println!("| `host run` start-up | {up:.2} s | |");
-        println!("| `host run` from `/readyz` until every child is applied | {o:.1} s | |");
-        println!("| ratio (from `/readyz`) | {:.2}× | ≤ 1.25× |", o / b);
-        println!(
-            "| ratio (from process start, start-up included) | {:.2}× | |",
-            (o + up) / b
-        );
-        println!("| operator peak RSS | {:.0} MiB | ≤ 128 MiB |", op.rss);
-    }
-
-    // Many resources: memory and time to converge.
-    let large: usize = env_or("BENCH_LARGE", 10_000);
-    if large > 0 {
-        let total = 2 * large;
-        let op = operator_phase(&root, Workload::Services(large), total, None).await;
-        println!("\n## {large} Service resources, {total} children, one round\n");
-        println!("| measure | value | target |");
-        println!("|---|---:|---|");
-        println!(
-            "| `host run` start-up | {:.2} s | |",
-            op.startup.as_secs_f64()
-        );
-        println!(
-            "| `host run` from `/readyz` until every child is applied | {:.1} s | |",
-            op.phase.time.as_secs_f64()
-        );
-        println!("| operator peak RSS | {:.0} MiB | ≤ 256 MiB |", op.rss);
-    }
 }

@@ -84,6 +84,13 @@ pub struct RunArgs {
     /// on threads of their own; one is enough for the rest, and spares the CPU it shares.
     #[arg(long, default_value_t = 1)]
     pub worker_threads: u16,
+    /// How long a watch may keep failing (it cannot list or watch) before /readyz fails.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub unready_after: Duration,
+    /// How long one reconciliation may run before /healthz fails, so that the kubelet restarts
+    /// a stuck operator (default: 2m, or the render wait plus 1m when longer).
+    #[arg(long, value_parser = parse_duration)]
+    pub stuck_after: Option<Duration>,
 }
 
 /// Which plugins to load and how to run them.
@@ -322,6 +329,8 @@ fn run(args: &RunArgs) -> Result<ExitCode, Error> {
         format!("{}-{}", host.trim(), std::process::id())
     });
     let agent = format!("wasm-operator/{} ({identity})", env!("CARGO_PKG_VERSION"));
+    // Past the deadline, the sandbox has stopped the call; the margin covers a starved CPU.
+    let render_wait = args.plugins.plugin_timeout * 2 + Duration::from_secs(5);
     let settings = crate::operator::Settings {
         namespace: args.namespace.clone(),
         metrics_addr: args.metrics_addr,
@@ -331,8 +340,11 @@ fn run(args: &RunArgs) -> Result<ExitCode, Error> {
         identity,
         concurrency: args.concurrency.max(1),
         max_writes_in_flight: args.max_writes_in_flight.max(1),
-        // Past the deadline, the sandbox has stopped the call; the margin covers a starved CPU.
-        render_wait: args.plugins.plugin_timeout * 2 + Duration::from_secs(5),
+        render_wait,
+        unready_after: args.unready_after,
+        stuck_after: args
+            .stuck_after
+            .unwrap_or_else(|| crate::operator::Settings::default_stuck_after(render_wait)),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(usize::from(args.worker_threads.max(1)))

@@ -2,6 +2,7 @@
 //!
 //! - [`plugin`]: loading components (with a compile cache) and calling them in a sandbox;
 //! - [`registry`]: which plugin serves which Kind, and the checks every rendered object passes;
+//! - [`schema`]: a spec checked against its Kind's schema before it is rendered;
 //! - [`documents`]: reading resources from YAML or JSON files and writing manifests;
 //! - [`crd`]: CustomResourceDefinitions from the plugins' own descriptions;
 //! - [`operator`]: `host run`, the controllers;
@@ -14,6 +15,7 @@ pub mod error;
 pub mod operator;
 pub mod plugin;
 pub mod registry;
+pub mod schema;
 
 /// The plain types shared with guests (`guest-kit`).
 pub mod types {

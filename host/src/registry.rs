@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use crate::error::{Error, MAX_ERROR_MESSAGE, PluginError, Result, bounded};
 use crate::plugin::{BUILTINS, Plugin, Runtime};
+use crate::schema::SpecError;
 use crate::types::{Context, KindInfo, PluginInfo, Resource};
 
 /// Kinds that are not namespaced: a plugin may neither declare nor return them.
@@ -73,6 +74,8 @@ pub enum RenderError {
         /// Versions served.
         versions: Vec<String>,
     },
+    /// The spec does not fit the Kind's schema (see [`crate::schema`]).
+    InvalidSpec(SpecError),
     /// The plugin failed or its output was refused.
     Plugin {
         /// The plugin's name.
@@ -103,6 +106,7 @@ impl fmt::Display for RenderError {
                 "{kind} is not served at {api_version}; served versions: {}",
                 versions.join(", ")
             ),
+            Self::InvalidSpec(e) => write!(f, "invalid spec: {e}"),
             Self::Plugin { plugin, error } => write!(f, "plugin {plugin}: {error}"),
         }
     }
@@ -113,16 +117,17 @@ impl RenderError {
     pub fn reason(&self) -> &'static str {
         match self {
             Self::NoPlugin { .. } | Self::VersionNotServed { .. } => "NoPlugin",
+            Self::InvalidSpec(_) => "InvalidSpec",
             Self::Plugin { error, .. } => error.reason(),
         }
     }
 
     /// Whether rendering the same resource again, with nothing changed, may succeed (see
     /// [`PluginError::transient`]). A Kind or version no plugin serves stays so until the
-    /// plugins or the resource change.
+    /// plugins or the resource change; so does a spec that does not fit its schema.
     pub fn transient(&self) -> bool {
         match self {
-            Self::NoPlugin { .. } | Self::VersionNotServed { .. } => false,
+            Self::NoPlugin { .. } | Self::VersionNotServed { .. } | Self::InvalidSpec(_) => false,
             Self::Plugin { error, .. } => error.transient(),
         }
     }
@@ -134,6 +139,9 @@ pub struct Registry {
     ctx: Context,
     plugins: Vec<Plugin>,
     kinds: BTreeMap<(String, String), usize>,
+    /// Each served Kind's spec schema, its `$ref`s inlined, by group and Kind; `None` when it
+    /// names a Kubernetes type the host does not know (then `host crds` fails, naming it).
+    schemas: BTreeMap<(String, String), Option<Value>>,
 }
 
 impl Registry {
@@ -150,6 +158,7 @@ impl Registry {
             ctx,
             plugins: Vec::new(),
             kinds: BTreeMap::new(),
+            schemas: BTreeMap::new(),
         };
         if builtins {
             for b in BUILTINS {
@@ -184,6 +193,9 @@ impl Registry {
                     });
                 }
             }
+            let mut schema = k.spec_schema.clone();
+            let inlined = crate::crd::inline_refs(&mut schema).is_ok();
+            self.schemas.insert(key.clone(), inlined.then_some(schema));
             self.kinds.insert(key, index);
         }
         self.plugins.push(plugin);
@@ -245,9 +257,14 @@ impl Registry {
         Ok((plugin, info))
     }
 
-    /// Renders a resource through its plugin and checks every object it returns.
+    /// Checks a resource's spec against its Kind's schema, renders it through its plugin and
+    /// checks every object it returns.
     pub fn render(&self, resource: &Resource) -> Result<Vec<Value>, RenderError> {
-        let (plugin, _) = self.lookup(&resource.api_version, &resource.kind)?;
+        let (plugin, info) = self.lookup(&resource.api_version, &resource.kind)?;
+        if let Some(Some(schema)) = self.schemas.get(&(info.group.clone(), info.kind.clone())) {
+            crate::schema::check(schema, &resource.spec, "spec")
+                .map_err(RenderError::InvalidSpec)?;
+        }
         let fail = |error| RenderError::Plugin {
             plugin: plugin.name().to_owned(),
             error,

@@ -67,13 +67,15 @@ pub struct WatchLabels {
     pub watch: String,
 }
 
-/// How long a watch may keep failing before `/readyz` says the operator is not ready.
+/// How long a watch may keep failing before `/readyz` says the operator is not ready, unless
+/// set otherwise (`host run --unready-after`).
 pub const WATCH_FAILING: Duration = Duration::from_secs(30);
 /// A failure this long after the previous one starts a new run of failures. The watch's backoff
 /// waits at most 30 s plus as much jitter between tries, so a watch that keeps failing fails
 /// again within this; a quiet watch that failed once is not failing for ever.
 const WATCH_QUIET: Duration = Duration::from_secs(75);
-/// How long one reconciliation may run before `/healthz` reports the reconcile loop stuck.
+/// The least time one reconciliation may run before `/healthz` reports the reconcile loop stuck,
+/// unless set otherwise (`host run --stuck-after`).
 pub const RECONCILE_STUCK: Duration = Duration::from_secs(120);
 
 /// When a watch's current run of failures began and when it last failed.
@@ -91,6 +93,7 @@ struct Health {
     watches: BTreeMap<String, Failing>,
     running: BTreeMap<u64, Instant>,
     next: u64,
+    failing_after: Duration,
     stuck_after: Duration,
 }
 
@@ -100,6 +103,7 @@ impl Default for Health {
             watches: BTreeMap::new(),
             running: BTreeMap::new(),
             next: 0,
+            failing_after: WATCH_FAILING,
             stuck_after: RECONCILE_STUCK,
         }
     }
@@ -120,16 +124,16 @@ impl Health {
         entry.count += 1;
     }
 
-    /// The watches that have failed for longer than [`WATCH_FAILING`] and are still failing.
+    /// The watches that have failed for longer than `failing_after` and are still failing.
     fn failing_watches(&self, now: Instant) -> Vec<String> {
         self.watches
             .iter()
             .filter(|(_, f)| {
-                // Failed again and again over WATCH_FAILING, and lately: one error, after which
+                // Failed again and again over `failing_after`, and lately: one error, after which
                 // the watch works on quietly, is not a failing watch.
                 f.count >= 2
                     && now.duration_since(f.last) <= WATCH_QUIET
-                    && f.last.duration_since(f.since) >= WATCH_FAILING
+                    && f.last.duration_since(f.since) >= self.failing_after
             })
             .map(|(w, _)| w.clone())
             .collect()
@@ -278,10 +282,12 @@ impl Metrics {
         self.any_failing.store(true, Ordering::Relaxed);
     }
 
-    /// Sets how long a reconciliation may run before `/healthz` reports it stuck (at least
-    /// [`RECONCILE_STUCK`]; longer when renders may take longer).
-    pub fn set_stuck_after(&self, after: Duration) {
-        self.health().stuck_after = after.max(RECONCILE_STUCK);
+    /// Sets how long a watch may keep failing before `/readyz` fails, and how long one
+    /// reconciliation may run before `/healthz` fails.
+    pub fn set_limits(&self, unready_after: Duration, stuck_after: Duration) {
+        let mut health = self.health();
+        health.failing_after = unready_after;
+        health.stuck_after = stuck_after;
     }
 
     /// Notes that `watch` works (it delivered objects, or finished a list).
@@ -295,7 +301,7 @@ impl Metrics {
     }
 
     /// Marks a reconciliation as running until the returned guard is dropped; `/healthz` fails
-    /// while one has run for longer than [`RECONCILE_STUCK`].
+    /// while one has run for longer than its limit (see [`Metrics::set_limits`]).
     pub fn running(self: &Arc<Self>) -> Running {
         let mut health = self.health();
         let id = health.next;
@@ -316,10 +322,12 @@ impl Metrics {
         if !self.ready.load(Ordering::Relaxed) {
             return Some("not ready: not leading, or the watches have not listed yet".into());
         }
-        let failing = self.health().failing_watches(Instant::now());
+        let health = self.health();
+        let failing = health.failing_watches(Instant::now());
         (!failing.is_empty()).then(|| {
             format!(
-                "not ready: watches failing for over {WATCH_FAILING:?}: {}",
+                "not ready: watches failing for over {:?}: {}",
+                health.failing_after,
                 failing.join(", ")
             )
         })

@@ -95,6 +95,20 @@ pub struct Settings {
     /// How long a reconciliation waits for a render: the plugin deadline and a margin. The
     /// sandbox stops a call at its deadline; this bounds the wait should one still not return.
     pub render_wait: Duration,
+    /// How long a watch of a served Kind or a child kind may keep failing (it cannot list or
+    /// watch) before `/readyz` fails.
+    pub unready_after: Duration,
+    /// How long one reconciliation may run before `/healthz` fails (the reconcile loop is
+    /// stuck; a kubelet then restarts the operator).
+    pub stuck_after: Duration,
+}
+
+impl Settings {
+    /// The default of [`Settings::stuck_after`] for a given `render_wait`: two minutes, or
+    /// longer when one render may take longer.
+    pub fn default_stuck_after(render_wait: Duration) -> Duration {
+        (render_wait + Duration::from_secs(60)).max(metrics::RECONCILE_STUCK)
+    }
 }
 
 /// A child kind (`group/Kind`) that the cluster serves: the version watched, and its objects.
@@ -229,7 +243,7 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     let metrics = Arc::new(Metrics::default());
-    metrics.set_stuck_after(settings.render_wait + Duration::from_secs(60));
+    metrics.set_limits(settings.unready_after, settings.stuck_after);
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;
@@ -692,7 +706,7 @@ impl Controllers {
         let health = (shared.metrics.clone(), controller.clone());
         let trigger = reflector::reflector(
             writer,
-            watcher(api, watcher::Config::default().any_semantic()),
+            watcher(api, watcher::Config::default().any_semantic()).modify(trim_resource),
         )
         .inspect(first_list.observer())
         .inspect(move |event| watch_health(&health.0, &health.1, event))
@@ -778,6 +792,19 @@ pub fn stamp_child(
 /// A hash of what a render reads from a resource besides its name: generation (the spec),
 /// labels and annotations; and its uid, so that a resource created again under the same name
 /// counts as new.
+/// The annotation in which `kubectl apply` (client-side) keeps a copy of the whole object.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Drops what the operator never reads of a served resource before it is stored: its
+/// `managedFields`, and `kubectl apply`'s copy of the whole object, which are most of what a
+/// resource weighs in memory. Plugins do not see kubectl's bookkeeping either.
+fn trim_resource(obj: &mut DynamicObject) {
+    obj.metadata.managed_fields = None;
+    if let Some(annotations) = obj.metadata.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
+    }
+}
+
 fn render_input(obj: &DynamicObject) -> Option<u64> {
     let mut h = std::hash::DefaultHasher::new();
     let meta = &obj.metadata;

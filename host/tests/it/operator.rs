@@ -40,6 +40,29 @@ impl Operator {
         group: &str,
         extra: &[PathBuf],
     ) -> Self {
+        let settings = host::operator::Settings {
+            namespace: watch.map(str::to_owned),
+            metrics_addr: free_addr(),
+            leader_election: true,
+            lease_namespace: lease_namespace.to_owned(),
+            lease_name: "wasm-operator".to_owned(),
+            identity: identity.to_owned(),
+            concurrency: 4,
+            max_writes_in_flight: 16,
+            render_wait: Duration::from_secs(3),
+            unready_after: Duration::from_secs(30),
+            stuck_after: Duration::from_secs(120),
+        };
+        Self::start_settings(client, group, extra, settings).await
+    }
+
+    /// An operator run with `settings` exactly.
+    async fn start_settings(
+        client: kube::Client,
+        group: &str,
+        extra: &[PathBuf],
+        settings: host::operator::Settings,
+    ) -> Self {
         // The operator's logs, with RUST_LOG set (for example RUST_LOG=host=debug).
         if std::env::var_os("RUST_LOG").is_some() {
             let _ = tracing_subscriber::fmt()
@@ -60,23 +83,7 @@ impl Operator {
             cluster_domain: "cluster.local".to_owned(),
         };
         let registry = host::registry::Registry::load(&runtime, ctx, true, extra).unwrap();
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let metrics: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        let settings = host::operator::Settings {
-            namespace: watch.map(str::to_owned),
-            metrics_addr: metrics,
-            leader_election: true,
-            lease_namespace: lease_namespace.to_owned(),
-            lease_name: "wasm-operator".to_owned(),
-            identity: identity.to_owned(),
-            concurrency: 4,
-            max_writes_in_flight: 16,
-            render_wait: Duration::from_secs(3),
-        };
+        let metrics = settings.metrics_addr;
         let (tx, rx) = tokio::sync::oneshot::channel();
         let task = tokio::spawn(host::operator::run(
             client,
@@ -143,6 +150,16 @@ impl Operator {
             "the operator did not stop cleanly: {result:?}"
         );
     }
+}
+
+/// A free port on loopback.
+fn free_addr() -> SocketAddr {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    format!("127.0.0.1:{port}").parse().unwrap()
 }
 
 fn kubectl(cp: &ControlPlane, args: &[&str]) -> (bool, String) {
@@ -1246,5 +1263,94 @@ async fn a_leader_cut_off_stops_writing_before_another_takes_over() {
         "replica-a: last renewal {a_renewed}, last write {a_last}; replica-b: Lease {b_acquired}, first write {b_first}"
     );
     b.stop().await;
+    drop(proxy);
+}
+
+/// `/healthz` fails while a reconciliation hangs on requests the API server never receives (a
+/// half-open partition) for longer than `--stuck-after`, and recovers when they go through;
+/// `/readyz` fails while the watches cannot reach the API server for longer than
+/// `--unready-after`, and recovers when they can.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_and_readyz_follow_a_partition() {
+    let cp = cluster();
+    let _logs = cp.logs_on_failure();
+    let admin = cp.client().await.unwrap();
+    let ns = cp.namespace(&admin, "health").await.unwrap();
+    let proxy = cp.proxy().unwrap();
+    let settings = host::operator::Settings {
+        namespace: Some(ns.clone()),
+        metrics_addr: free_addr(),
+        leader_election: false,
+        lease_namespace: ns.clone(),
+        lease_name: "wasm-operator".to_owned(),
+        identity: "health".to_owned(),
+        concurrency: 4,
+        max_writes_in_flight: 16,
+        render_wait: Duration::from_secs(3),
+        unready_after: Duration::from_secs(3),
+        stuck_after: Duration::from_secs(3),
+    };
+    let op = Operator::start_settings(
+        cp.client_via(&proxy.url()).await.unwrap(),
+        "hanzo.ai",
+        &[],
+        settings,
+    )
+    .await;
+    eventually("/readyz", Duration::from_secs(30), || op.ready()).await;
+    let status = |path: &str| {
+        op.get(path)
+            .split(' ')
+            .nth(1)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert_eq!(status("/healthz"), "200");
+
+    // Half-open: the watches' events still arrive, the reconciliation's applies hang.
+    proxy.stall();
+    apply(cp, &ns, WEB);
+    eventually_or(
+        "/healthz to fail on the stuck reconciliation",
+        Duration::from_secs(30),
+        || status("/healthz") == "503",
+        || op.get("/healthz"),
+    )
+    .await;
+    let body = op.get("/healthz");
+    assert!(body.contains("a reconciliation has run for"), "{body}");
+    // Ready is about the watches, which work.
+    assert!(op.ready(), "{}", op.get("/readyz"));
+    proxy.restore();
+    wait_ready(cp, &ns, "services.hanzo.ai/web");
+    eventually("/healthz to recover", Duration::from_secs(30), || {
+        status("/healthz") == "200"
+    })
+    .await;
+
+    // Cut: every watch fails to list or watch, again and again.
+    proxy.cut();
+    eventually_or(
+        "/readyz to fail naming the watch of Services",
+        Duration::from_secs(60),
+        || {
+            let body = op.get("/readyz");
+            body.starts_with("HTTP/1.0 503")
+                && body.contains("watches failing")
+                && body.contains("services.hanzo.ai")
+        },
+        || op.get("/readyz"),
+    )
+    .await;
+    assert_eq!(status("/healthz"), "200", "{}", op.get("/healthz"));
+    proxy.restore();
+    eventually_or(
+        "/readyz to recover",
+        Duration::from_secs(90),
+        || op.ready(),
+        || op.get("/readyz"),
+    )
+    .await;
+    op.stop().await;
     drop(proxy);
 }

@@ -327,6 +327,18 @@ fn resource_render(checker: &Checker, resource: &Resource) -> Result<Option<bool
             Ok(Some(judged))
         }
         Err(RenderError::NoPlugin { .. } | RenderError::VersionNotServed { .. }) => Ok(None),
+        // The host refused the spec before the plugin saw it: it must name the spec's field.
+        Err(RenderError::InvalidSpec(e)) => {
+            field_ok(&e.field, &["spec"])
+                .and_then(|()| message_ok(&e.message))
+                .map_err(|why| {
+                    Failure::new(
+                        "unnamed-field",
+                        format!("{who}: `{}`: {why}", clip(&e.to_string())),
+                    )
+                })?;
+            Ok(None)
+        }
         Err(RenderError::Plugin { plugin, error }) => {
             let fail = |kind: &str| {
                 Err(Failure::new(
@@ -406,6 +418,8 @@ fn differential(
                 ..
             }),
         ) => &n.field == field && &n.message == message,
+        // The host refused the spec: the plugin was not called.
+        (_, Err(RenderError::InvalidSpec(_))) => true,
         // The sandbox's limits apply to the component only.
         (
             _,

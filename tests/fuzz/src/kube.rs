@@ -47,9 +47,10 @@ pub fn inline(mut schema: Value) -> Option<Value> {
 /// A Kubernetes type the plugin passes through unchanged must also be a valid value of its Rust
 /// type (k8s-openapi: `int32` ranges, required fields), unless `strict`: the plugins do not judge
 /// those fields, the API server does when it is sent the child, so an object that fails there
-/// because of one is not the plugin's doing. (`host render` applies no CRD schema either; that
-/// gap is recorded in `corpus/open`, and `--strict` judges it.) Integer ranges of the Kind's own
-/// fields are not checked here: they are the plugin's to refuse.
+/// because of one is not the plugin's doing. `--strict` judges them anyway: the host checks specs
+/// against the Kind's schema, `int32` ranges included (`host::schema`), so such a spec is
+/// refused before it is rendered. Integer ranges of the Kind's own fields are not checked here:
+/// they are the plugin's to refuse, or the host's where the schema says `int32`.
 pub fn conforms(v: &Value, schema: &Value, strict: bool) -> bool {
     if !strict
         && let Some(name) = schema.get(PASSED_THROUGH).and_then(Value::as_str)

@@ -51,8 +51,8 @@ pub struct Args {
     #[arg(long, num_args = 1.., value_name = "PATH")]
     pub replay: Vec<PathBuf>,
     /// Also judge objects rendered from specs whose passed-through Kubernetes fields are not
-    /// valid values of their types (`host render` applies no CRD schema; see
-    /// `tests/fuzz/corpus/open`).
+    /// valid values of their Rust types (the host refuses those its schema check catches, such
+    /// as `int32` ranges; others would fail at the API server, naming the child's field).
     #[arg(long)]
     pub strict: bool,
     /// Where compiled plugins are cached (default: the host's default cache directory).

@@ -2,8 +2,8 @@
 //! short run with a fixed seed must find nothing.
 //!
 //! `corpus/` holds inputs whose bugs are fixed: they must pass. `corpus/open/` holds inputs whose
-//! bugs are not fixed yet (in code this crate's authors do not own): each has an ignored test
-//! below that says what still fails; remove the `ignore` with the fix.
+//! bugs are not fixed yet: each gets an ignored test here that says what still fails, and moves
+//! to `corpus/` with the fix (none is open now).
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -40,9 +40,9 @@ fn every_input_that_once_broke_the_render_path_now_passes() {
     );
 }
 
-fn replay_open(name: &str, extra: &[&str]) {
+fn replay(name: &str, extra: &[&str]) {
     let file = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("corpus/open")
+        .join("corpus")
         .join(name);
     assert!(file.is_file(), "{} is missing", file.display());
     let mut args = vec!["--replay", file.to_str().expect("a UTF-8 path")];
@@ -51,13 +51,12 @@ fn replay_open(name: &str, extra: &[&str]) {
     assert!(out.status.success(), "{}", report(&out));
 }
 
+/// Once open (`host render` applied no CRD schema, so a passed-through Kubernetes field out of
+/// range rendered a Deployment the API server refuses); the host now refuses the spec, naming
+/// its field. Replayed under `--strict`, which judges passed-through fields too.
 #[test]
-#[ignore = "open bug in host/src/registry.rs (or cli.rs): `host render` applies no CRD schema, so a \
-            passed-through Kubernetes field out of range renders an object the API server refuses: \
-            invalid-object: HanzoService/l: object 0 (Deployment): invalid value: integer \
-            `-9223372036854775808`, expected i32"]
-fn open_a_passed_through_int32_out_of_range_is_refused_naming_the_field() {
-    replay_open("int32-overflow-in-passed-through-probe.json", &["--strict"]);
+fn a_passed_through_int32_out_of_range_is_refused_naming_the_field() {
+    replay("int32-overflow-in-passed-through-probe.json", &["--strict"]);
 }
 
 #[test]

@@ -573,15 +573,27 @@ impl ControlPlane {
 
     /// An admin client. Make one per test: a client belongs to the runtime that made it.
     pub async fn client(&self) -> Result<kube::Client> {
+        Ok(kube::Client::try_from(self.admin_config().await?)?)
+    }
+
+    /// An admin client that reaches the API server at `server` (a [`Proxy`]'s address, say).
+    pub async fn client_via(&self, server: &str) -> Result<kube::Client> {
+        let mut config = self.admin_config().await?;
+        config.cluster_url = server
+            .parse()
+            .map_err(|e| Error::Kubeconfig(format!("{server}: {e}")))?;
+        Ok(kube::Client::try_from(config)?)
+    }
+
+    async fn admin_config(&self) -> Result<kube::Config> {
         let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig)
             .map_err(|e| Error::Kubeconfig(e.to_string()))?;
-        let config = kube::Config::from_custom_kubeconfig(
+        kube::Config::from_custom_kubeconfig(
             kubeconfig,
             &kube::config::KubeConfigOptions::default(),
         )
         .await
-        .map_err(|e| Error::Kubeconfig(e.to_string()))?;
-        Ok(kube::Client::try_from(config)?)
+        .map_err(|e| Error::Kubeconfig(e.to_string()))
     }
 
     /// The API server's audit log: one JSON event per write request (reads are not logged).
@@ -634,14 +646,7 @@ impl ControlPlane {
                     .map(str::to_owned)
             })
             .unwrap_or_default();
-        let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig)
-            .map_err(|e| Error::Kubeconfig(e.to_string()))?;
-        let mut config = kube::Config::from_custom_kubeconfig(
-            kubeconfig,
-            &kube::config::KubeConfigOptions::default(),
-        )
-        .await
-        .map_err(|e| Error::Kubeconfig(e.to_string()))?;
+        let mut config = self.admin_config().await?;
         config.auth_info = kube::config::AuthInfo {
             token: Some(token.into()),
             ..Default::default()
@@ -820,7 +825,9 @@ impl Drop for ControlPlane {
 
 /// A TCP proxy on loopback, for injecting a network partition between one client and the API
 /// server: [`Proxy::cut`] closes every connection through it and refuses new ones (they are
-/// accepted and closed at once) until [`Proxy::restore`].
+/// accepted and closed at once) until [`Proxy::restore`]; [`Proxy::stall`] holds every byte the
+/// client sends (a half-open partition: requests hang, while what the server sends, a watch's
+/// events, still arrives).
 #[derive(Debug)]
 pub struct Proxy {
     addr: std::net::SocketAddr,
@@ -830,6 +837,7 @@ pub struct Proxy {
 #[derive(Debug, Default)]
 struct ProxyState {
     cut: std::sync::atomic::AtomicBool,
+    stall: std::sync::atomic::AtomicBool,
     stop: std::sync::atomic::AtomicBool,
     open: Mutex<Vec<std::net::TcpStream>>,
 }
@@ -856,16 +864,35 @@ impl Proxy {
                 let Ok(server) = std::net::TcpStream::connect(&upstream) else {
                     continue;
                 };
-                let pipe = |from: &std::net::TcpStream, to: &std::net::TcpStream| {
+                // Copies `from` to `to` until either closes; while `hold` says so, holds what
+                // it has read instead of writing it.
+                let pipe = |from: &std::net::TcpStream, to: &std::net::TcpStream, hold: bool| {
                     let (mut from, mut to) = (from.try_clone().ok()?, to.try_clone().ok()?);
+                    let state = shared.clone();
                     std::thread::spawn(move || {
-                        let _ = std::io::copy(&mut from, &mut to);
+                        use std::io::{Read, Write};
+                        let mut buf = vec![0u8; 64 * 1024];
+                        loop {
+                            let n = match from.read(&mut buf) {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => n,
+                            };
+                            while hold
+                                && state.stall.load(Ordering::Relaxed)
+                                && !state.stop.load(Ordering::Relaxed)
+                            {
+                                std::thread::sleep(Duration::from_millis(20));
+                            }
+                            if to.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
                         let _ = to.shutdown(std::net::Shutdown::Both);
                     });
                     Some(())
                 };
-                if pipe(&client, &server)
-                    .and_then(|()| pipe(&server, &client))
+                if pipe(&client, &server, true)
+                    .and_then(|()| pipe(&server, &client, false))
                     .is_none()
                 {
                     continue;
@@ -900,10 +927,21 @@ impl Proxy {
         }
     }
 
+    /// Holds every byte clients send, on open connections and new ones, until restored: their
+    /// requests hang, while the server's side of open connections still flows.
+    pub fn stall(&self) {
+        self.state
+            .stall
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Lets connections through again.
     pub fn restore(&self) {
         self.state
             .cut
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        self.state
+            .stall
             .store(false, std::sync::atomic::Ordering::Relaxed);
     }
 }

@@ -1,0 +1,453 @@
+//! A resource's spec checked against its Kind's schema before it is rendered, so that a field
+//! the API server would refuse, prune or pass on as a value no child can hold is named as the
+//! spec's field, not as a child's field the plugin copied it into.
+//!
+//! The schema is the structural OpenAPI v3 schema the Kind's CRD carries (`$ref`s to Kubernetes
+//! types inlined). Checked: `type`, `enum`, `required`, fields the schema does not know (an error,
+//! as `kubectl apply` with its default strict field validation makes it), `properties`,
+//! `additionalProperties`, `items`, `x-kubernetes-int-or-string`,
+//! `x-kubernetes-preserve-unknown-fields`, `nullable`, `minimum`/`maximum` (and their exclusive
+//! forms), `minLength`/`maxLength`, `minItems`/`maxItems`, and the ranges of `format: int32`
+//! and `int64`, which the API server does not check on custom resources but every Kubernetes
+//! object a plugin copies the value into does. `pattern`, `anyOf`, `oneOf`, `allOf`, `not` and
+//! CEL rules are left to the API server.
+//!
+//! As the API server does, a `null` is taken as the field being absent.
+
+use serde_json::Value;
+
+/// Why a spec does not fit its Kind's schema.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct SpecError {
+    /// The field, such as `spec.ports[0].containerPort`.
+    pub field: String,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+/// How many known field names an unknown-field error lists.
+const NAMES_SHOWN: usize = 12;
+
+/// Checks `value` (found at `path`, such as `spec`) against `schema`.
+pub fn check(schema: &Value, value: &Value, path: &str) -> Result<(), SpecError> {
+    let fail = |message: String| {
+        Err(SpecError {
+            field: path.to_owned(),
+            message,
+        })
+    };
+    if value.is_null() {
+        return Ok(());
+    }
+    if let Some(options) = schema.get("enum").and_then(Value::as_array)
+        && !options.contains(value)
+    {
+        let shown: Vec<String> = options.iter().map(Value::to_string).collect();
+        return fail(format!(
+            "must be one of {}, not {}",
+            shown.join(", "),
+            brief(value)
+        ));
+    }
+    if flag(schema, "x-kubernetes-int-or-string") {
+        return match value {
+            Value::String(_) => check_string(schema, value, path),
+            Value::Number(n) if n.is_i64() || n.is_u64() => check_number(schema, value, path),
+            _ => fail(format!(
+                "must be an integer or a string, not {}",
+                describe(value)
+            )),
+        };
+    }
+    match (schema.get("type").and_then(Value::as_str), value) {
+        (None, _) if schema.get("properties").is_none() => Ok(()),
+        (Some("string"), Value::String(_)) => check_string(schema, value, path),
+        (Some("boolean"), Value::Bool(_)) => Ok(()),
+        (Some("integer"), Value::Number(n)) if n.is_i64() || n.is_u64() => {
+            check_number(schema, value, path)
+        }
+        (Some("number"), Value::Number(_)) => check_number(schema, value, path),
+        (Some("array"), Value::Array(items)) => check_array(schema, items, path),
+        (Some("object") | None, Value::Object(fields)) => check_object(schema, fields, path),
+        (Some(expected), _) => fail(format!(
+            "must be {}, not {}",
+            article(expected),
+            describe(value)
+        )),
+        (None, _) => fail(format!("must be an object, not {}", describe(value))),
+    }
+}
+
+fn check_object(
+    schema: &Value,
+    fields: &serde_json::Map<String, Value>,
+    path: &str,
+) -> Result<(), SpecError> {
+    let properties = schema.get("properties").and_then(Value::as_object);
+    for name in schema
+        .get("required")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+    {
+        if fields.get(name).is_none_or(Value::is_null) {
+            return Err(SpecError {
+                field: join(path, name),
+                message: "is required".to_owned(),
+            });
+        }
+    }
+    let additional = schema.get("additionalProperties");
+    let preserve = flag(schema, "x-kubernetes-preserve-unknown-fields")
+        || flag(schema, "x-kubernetes-embedded-resource");
+    for (name, child) in fields {
+        let at = join(path, name);
+        match (properties.and_then(|p| p.get(name)), additional) {
+            (Some(s), _) => check(s, child, &at)?,
+            (None, Some(s @ Value::Object(_))) => check(s, child, &at)?,
+            (None, Some(Value::Bool(true))) => {}
+            (None, _) if preserve => {}
+            (None, _) => {
+                let mut known: Vec<&str> = properties
+                    .into_iter()
+                    .flat_map(|p| p.keys())
+                    .map(String::as_str)
+                    .collect();
+                let more = known.len().saturating_sub(NAMES_SHOWN);
+                known.truncate(NAMES_SHOWN);
+                let listed = match (known.is_empty(), more) {
+                    (true, _) => "it takes no fields".to_owned(),
+                    (false, 0) => format!("known fields: {}", known.join(", ")),
+                    (false, n) => format!("known fields: {}, and {n} more", known.join(", ")),
+                };
+                return Err(SpecError {
+                    field: at,
+                    message: format!("unknown field ({listed})"),
+                });
+            }
+        }
+    }
+    let count = fields.values().filter(|v| !v.is_null()).count();
+    bounds(
+        schema,
+        "minProperties",
+        "maxProperties",
+        count,
+        "fields",
+        path,
+    )
+}
+
+fn check_array(schema: &Value, items: &[Value], path: &str) -> Result<(), SpecError> {
+    if let Some(item) = schema.get("items").filter(|i| i.is_object()) {
+        for (i, v) in items.iter().enumerate() {
+            check(item, v, &format!("{path}[{i}]"))?;
+        }
+    }
+    bounds(schema, "minItems", "maxItems", items.len(), "items", path)
+}
+
+fn check_string(schema: &Value, value: &Value, path: &str) -> Result<(), SpecError> {
+    let chars = value.as_str().map_or(0, |s| s.chars().count());
+    bounds(schema, "minLength", "maxLength", chars, "characters", path)
+}
+
+fn check_number(schema: &Value, value: &Value, path: &str) -> Result<(), SpecError> {
+    let fail = |message: String| {
+        Err(SpecError {
+            field: path.to_owned(),
+            message,
+        })
+    };
+    let range = match schema.get("format").and_then(Value::as_str) {
+        Some("int32") => Some((i64::from(i32::MIN), i64::from(i32::MAX), "32")),
+        Some("int64") => Some((i64::MIN, i64::MAX, "64")),
+        _ => None,
+    };
+    if let (Some((low, high, bits)), Value::Number(n)) = (range, value)
+        && (n.is_i64() || n.is_u64())
+        && !n.as_i64().is_some_and(|v| (low..=high).contains(&v))
+    {
+        return fail(format!(
+            "{n} is out of range for a {bits}-bit integer ({low} to {high})"
+        ));
+    }
+    let Some(v) = value.as_f64() else {
+        return Ok(());
+    };
+    let limit = |key: &str| schema.get(key).and_then(Value::as_f64);
+    let exclusive = |key: &str| flag(schema, key);
+    if let Some(min) = limit("minimum") {
+        let bad = if exclusive("exclusiveMinimum") {
+            v <= min
+        } else {
+            v < min
+        };
+        if bad {
+            let op = if exclusive("exclusiveMinimum") {
+                "greater than"
+            } else {
+                "at least"
+            };
+            return fail(format!("must be {op} {min}, not {value}"));
+        }
+    }
+    if let Some(max) = limit("maximum") {
+        let bad = if exclusive("exclusiveMaximum") {
+            v >= max
+        } else {
+            v > max
+        };
+        if bad {
+            let op = if exclusive("exclusiveMaximum") {
+                "less than"
+            } else {
+                "at most"
+            };
+            return fail(format!("must be {op} {max}, not {value}"));
+        }
+    }
+    Ok(())
+}
+
+/// Checks a count against the schema's `min_key` and `max_key`.
+fn bounds(
+    schema: &Value,
+    min_key: &str,
+    max_key: &str,
+    count: usize,
+    what: &str,
+    path: &str,
+) -> Result<(), SpecError> {
+    let get = |k: &str| schema.get(k).and_then(Value::as_u64);
+    let count64 = count as u64;
+    let message = match (get(min_key), get(max_key)) {
+        (Some(min), _) if count64 < min => format!("must have at least {min} {what}, not {count}"),
+        (_, Some(max)) if count64 > max => format!("must have at most {max} {what}, not {count}"),
+        _ => return Ok(()),
+    };
+    Err(SpecError {
+        field: path.to_owned(),
+        message,
+    })
+}
+
+fn flag(schema: &Value, key: &str) -> bool {
+    schema.get(key) == Some(&Value::Bool(true))
+}
+
+/// How many characters of a field's name a path shows.
+const NAME_SHOWN: usize = 40;
+
+/// `path` and the field `name` in it: `.name`, or `["name"]` for a name that needs quoting; a
+/// long name is cut, so that a path stays readable whatever the input.
+fn join(path: &str, name: &str) -> String {
+    let simple = !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    let shown = if name.chars().count() > NAME_SHOWN {
+        format!("{}…", name.chars().take(NAME_SHOWN).collect::<String>())
+    } else {
+        name.to_owned()
+    };
+    if simple {
+        format!("{path}.{shown}")
+    } else {
+        format!("{path}[{}]", Value::String(shown))
+    }
+}
+
+fn article(t: &str) -> String {
+    match t {
+        "integer" | "object" | "array" => format!("an {t}"),
+        _ => format!("a {t}"),
+    }
+}
+
+fn describe(v: &Value) -> String {
+    match v {
+        Value::Null => "null".to_owned(),
+        Value::Bool(_) => "a boolean".to_owned(),
+        Value::Number(n) if n.is_i64() || n.is_u64() => format!("the integer {n}"),
+        Value::Number(n) => format!("the number {n}"),
+        Value::String(_) => format!("the string {}", brief(v)),
+        Value::Array(_) => "a list".to_owned(),
+        Value::Object(_) => "an object".to_owned(),
+    }
+}
+
+/// `v` as JSON, cut to a readable length.
+fn brief(v: &Value) -> String {
+    let text = v.to_string();
+    if text.chars().count() > 60 {
+        format!("{}…", text.chars().take(60).collect::<String>())
+    } else {
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn schema() -> Value {
+        json!({
+            "type": "object",
+            "required": ["image"],
+            "properties": {
+                "image": {
+                    "type": "object",
+                    "required": ["repository"],
+                    "properties": {
+                        "repository": { "type": "string", "minLength": 1 },
+                        "tag": { "type": "string" },
+                        "pullPolicy": { "type": "string", "enum": ["Always", "IfNotPresent", "Never"] },
+                    },
+                },
+                "replicas": { "type": "integer", "format": "int32", "minimum": 0 },
+                "ports": {
+                    "type": "array",
+                    "maxItems": 2,
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "containerPort": { "type": "integer", "format": "int32" },
+                            "targetPort": { "x-kubernetes-int-or-string": true },
+                        },
+                    },
+                },
+                "labels": { "type": "object", "additionalProperties": { "type": "string" } },
+                "extra": { "type": "object", "x-kubernetes-preserve-unknown-fields": true },
+                "ratio": { "type": "number", "exclusiveMaximum": true, "maximum": 1 },
+            },
+        })
+    }
+
+    fn err(spec: Value) -> (String, String) {
+        let e = check(&schema(), &spec, "spec").expect_err("refused");
+        (e.field, e.message)
+    }
+
+    #[test]
+    fn a_spec_that_fits_passes() {
+        let spec = json!({
+            "image": { "repository": "nginx", "tag": null, "pullPolicy": "Always" },
+            "replicas": 2,
+            "ports": [{ "containerPort": 80, "targetPort": "http" }, { "targetPort": 8080 }],
+            "labels": { "a": "b" },
+            "extra": { "anything": [1, 2] },
+            "ratio": 0.5,
+        });
+        assert_eq!(check(&schema(), &spec, "spec"), Ok(()));
+    }
+
+    #[test]
+    fn each_defect_names_its_field() {
+        let image = json!({ "repository": "nginx" });
+        let mut long_key = serde_json::Map::new();
+        long_key.insert("x".repeat(1000), json!(1));
+        let long_path = format!("spec.labels.{}…", "x".repeat(40));
+        let cases = [
+            (json!({}), "spec.image", "is required"),
+            (
+                json!({ "image": {} }),
+                "spec.image.repository",
+                "is required",
+            ),
+            (
+                json!({ "image": { "repository": "" } }),
+                "spec.image.repository",
+                "at least 1 characters",
+            ),
+            (
+                json!({ "image": { "repository": 5 } }),
+                "spec.image.repository",
+                "must be a string, not the integer 5",
+            ),
+            (
+                json!({ "image": { "repository": "x", "pullPolicy": "Sometimes" } }),
+                "spec.image.pullPolicy",
+                "must be one of",
+            ),
+            (
+                json!({ "image": image, "replicas": "two" }),
+                "spec.replicas",
+                "must be an integer, not the string \"two\"",
+            ),
+            (
+                json!({ "image": image, "replicas": 1.5 }),
+                "spec.replicas",
+                "must be an integer, not the number 1.5",
+            ),
+            (
+                json!({ "image": image, "replicas": -1 }),
+                "spec.replicas",
+                "must be at least 0",
+            ),
+            (
+                json!({ "image": image, "replicas": 2_147_483_648_i64 }),
+                "spec.replicas",
+                "out of range for a 32-bit integer",
+            ),
+            (
+                json!({ "image": image, "ports": [{ "containerPort": i64::MIN }] }),
+                "spec.ports[0].containerPort",
+                "out of range",
+            ),
+            (
+                json!({ "image": image, "ports": [{ "targetPort": true }] }),
+                "spec.ports[0].targetPort",
+                "an integer or a string",
+            ),
+            (
+                json!({ "image": image, "ports": [{}, {}, {}] }),
+                "spec.ports",
+                "at most 2 items",
+            ),
+            (
+                json!({ "image": image, "labels": { "a": 1 } }),
+                "spec.labels.a",
+                "must be a string",
+            ),
+            (
+                json!({ "image": image, "ratio": 1 }),
+                "spec.ratio",
+                "less than 1",
+            ),
+            (
+                json!({ "image": image, "replica": 2 }),
+                "spec.replica",
+                "unknown field (known fields: extra, image, labels",
+            ),
+            (
+                json!({ "image": image, "labels": { "a.b/c": 1 } }),
+                "spec.labels[\"a.b/c\"]",
+                "must be a string",
+            ),
+            (
+                json!({ "image": image, "ports": {} }),
+                "spec.ports",
+                "must be an array, not an object",
+            ),
+        ];
+        for (spec, field, message) in cases {
+            let (f, m) = err(spec.clone());
+            assert_eq!(f, field, "{spec}: {m}");
+            assert!(m.contains(message), "{spec}: {m}");
+        }
+    }
+
+    #[test]
+    fn the_uint64_above_int64_is_out_of_range_too() {
+        let s = json!({ "type": "integer", "format": "int64" });
+        let e = check(&s, &json!(u64::MAX), "spec.n").expect_err("refused");
+        assert!(
+            e.message.contains("out of range for a 64-bit integer"),
+            "{e}"
+        );
+    }
+}
