@@ -433,6 +433,11 @@ mod tests {
                 "spec.ports",
                 "must be an array, not an object",
             ),
+            (
+                json!({ "image": image, "labels": long_key }),
+                long_path.as_str(),
+                "must be a string",
+            ),
         ];
         for (spec, field, message) in cases {
             let (f, m) = err(spec.clone());
