@@ -322,6 +322,22 @@ fn render(args: &RenderArgs) -> Result<ExitCode, Error> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// How long a reconciliation may run before `/healthz` fails: as asked, but never less than a
+/// render may take (a healthy operator would be restarted in a loop), else the default.
+fn stuck_after(asked: Option<Duration>, render_wait: Duration) -> Duration {
+    match asked {
+        Some(d) if d < render_wait => {
+            tracing::warn!(
+                "--stuck-after {d:?} is shorter than a render may take ({render_wait:?}: twice \
+                 --plugin-timeout plus 5 s); using {render_wait:?}"
+            );
+            render_wait
+        }
+        Some(d) => d,
+        None => crate::operator::Settings::default_stuck_after(render_wait),
+    }
+}
+
 fn run(args: &RunArgs) -> Result<ExitCode, Error> {
     let registry = args.plugins.registry()?;
     let identity = args.identity.clone().unwrap_or_else(|| {
@@ -342,9 +358,7 @@ fn run(args: &RunArgs) -> Result<ExitCode, Error> {
         max_writes_in_flight: args.max_writes_in_flight.max(1),
         render_wait,
         unready_after: args.unready_after,
-        stuck_after: args
-            .stuck_after
-            .unwrap_or_else(|| crate::operator::Settings::default_stuck_after(render_wait)),
+        stuck_after: stuck_after(args.stuck_after, render_wait),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(usize::from(args.worker_threads.max(1)))

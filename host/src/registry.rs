@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::error::{Error, MAX_ERROR_MESSAGE, PluginError, Result, bounded};
 use crate::plugin::{BUILTINS, Plugin, Runtime};
-use crate::schema::SpecError;
+use crate::schema::{SpecError, UnknownFields};
 use crate::types::{Context, KindInfo, PluginInfo, Resource};
 
 /// Kinds that are not namespaced: a plugin may neither declare nor return them.
@@ -257,12 +257,23 @@ impl Registry {
         Ok((plugin, info))
     }
 
-    /// Checks a resource's spec against its Kind's schema, renders it through its plugin and
-    /// checks every object it returns.
+    /// Checks a resource's spec against its Kind's schema (fields it does not know refused, as
+    /// for a file), renders it through its plugin and checks every object it returns.
     pub fn render(&self, resource: &Resource) -> Result<Vec<Value>, RenderError> {
+        self.render_checked(resource, UnknownFields::Refuse)
+    }
+
+    /// As [`Registry::render`], with `unknown` saying what to do with spec fields the Kind's
+    /// schema does not know (the operator lets them be: the API server has pruned the
+    /// resource against the CRD it holds).
+    pub fn render_checked(
+        &self,
+        resource: &Resource,
+        unknown: UnknownFields,
+    ) -> Result<Vec<Value>, RenderError> {
         let (plugin, info) = self.lookup(&resource.api_version, &resource.kind)?;
         if let Some(Some(schema)) = self.schemas.get(&(info.group.clone(), info.kind.clone())) {
-            crate::schema::check(schema, &resource.spec, "spec")
+            crate::schema::check(schema, &resource.spec, "spec", unknown)
                 .map_err(RenderError::InvalidSpec)?;
         }
         let fail = |error| RenderError::Plugin {

@@ -29,8 +29,24 @@ pub struct SpecError {
 /// How many known field names an unknown-field error lists.
 const NAMES_SHOWN: usize = 12;
 
+/// What to do with a field the schema does not know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnknownFields {
+    /// Refuse it, as `kubectl apply` (strict field validation) does: for specs read from files.
+    Refuse,
+    /// Let it be: for resources read from the cluster, which the API server has already pruned
+    /// against the CRD it holds; a field the plugin's schema lacks means the installed CRD is
+    /// not the plugin's (a rollback, say), not that the user erred.
+    Ignore,
+}
+
 /// Checks `value` (found at `path`, such as `spec`) against `schema`.
-pub fn check(schema: &Value, value: &Value, path: &str) -> Result<(), SpecError> {
+pub fn check(
+    schema: &Value,
+    value: &Value,
+    path: &str,
+    unknown: UnknownFields,
+) -> Result<(), SpecError> {
     let fail = |message: String| {
         Err(SpecError {
             field: path.to_owned(),
@@ -43,7 +59,10 @@ pub fn check(schema: &Value, value: &Value, path: &str) -> Result<(), SpecError>
     if let Some(options) = schema.get("enum").and_then(Value::as_array)
         && !options.contains(value)
     {
-        let shown: Vec<String> = options.iter().map(Value::to_string).collect();
+        let mut shown: Vec<String> = options.iter().take(NAMES_SHOWN).map(brief).collect();
+        if options.len() > NAMES_SHOWN {
+            shown.push(format!("and {} more", options.len() - NAMES_SHOWN));
+        }
         return fail(format!(
             "must be one of {}, not {}",
             shown.join(", "),
@@ -53,7 +72,7 @@ pub fn check(schema: &Value, value: &Value, path: &str) -> Result<(), SpecError>
     if flag(schema, "x-kubernetes-int-or-string") {
         return match value {
             Value::String(_) => check_string(schema, value, path),
-            Value::Number(n) if n.is_i64() || n.is_u64() => check_number(schema, value, path),
+            Value::Number(n) if whole(n) => check_number(schema, value, path),
             _ => fail(format!(
                 "must be an integer or a string, not {}",
                 describe(value)
@@ -61,28 +80,38 @@ pub fn check(schema: &Value, value: &Value, path: &str) -> Result<(), SpecError>
         };
     }
     match (schema.get("type").and_then(Value::as_str), value) {
-        (None, _) if schema.get("properties").is_none() => Ok(()),
         (Some("string"), Value::String(_)) => check_string(schema, value, path),
         (Some("boolean"), Value::Bool(_)) => Ok(()),
-        (Some("integer"), Value::Number(n)) if n.is_i64() || n.is_u64() => {
-            check_number(schema, value, path)
-        }
+        (Some("integer"), Value::Number(n)) if whole(n) => check_number(schema, value, path),
         (Some("number"), Value::Number(_)) => check_number(schema, value, path),
-        (Some("array"), Value::Array(items)) => check_array(schema, items, path),
-        (Some("object") | None, Value::Object(fields)) => check_object(schema, fields, path),
+        (Some("array"), Value::Array(items)) => check_array(schema, items, path, unknown),
+        (Some("object") | None, Value::Object(fields)) => {
+            check_object(schema, fields, path, unknown)
+        }
+        // No type: any value (under `x-kubernetes-preserve-unknown-fields`).
+        (None, _) => Ok(()),
         (Some(expected), _) => fail(format!(
             "must be {}, not {}",
             article(expected),
             describe(value)
         )),
-        (None, _) => fail(format!("must be an object, not {}", describe(value))),
     }
+}
+
+/// Whether `n` is an integer: the API server takes `1.0` where it wants one, as kubectl's YAML
+/// reading does.
+fn whole(n: &serde_json::Number) -> bool {
+    n.is_i64()
+        || n.is_u64()
+        || n.as_f64()
+            .is_some_and(|f| f.is_finite() && f.fract() == 0.0)
 }
 
 fn check_object(
     schema: &Value,
     fields: &serde_json::Map<String, Value>,
     path: &str,
+    unknown: UnknownFields,
 ) -> Result<(), SpecError> {
     let properties = schema.get("properties").and_then(Value::as_object);
     for name in schema
@@ -92,7 +121,15 @@ fn check_object(
         .flatten()
         .filter_map(Value::as_str)
     {
-        if fields.get(name).is_none_or(Value::is_null) {
+        let nullable = properties
+            .and_then(|p| p.get(name))
+            .is_some_and(|s| flag(s, "nullable"));
+        let absent = match fields.get(name) {
+            None => true,
+            Some(Value::Null) => !nullable,
+            Some(_) => false,
+        };
+        if absent {
             return Err(SpecError {
                 field: join(path, name),
                 message: "is required".to_owned(),
@@ -105,10 +142,10 @@ fn check_object(
     for (name, child) in fields {
         let at = join(path, name);
         match (properties.and_then(|p| p.get(name)), additional) {
-            (Some(s), _) => check(s, child, &at)?,
-            (None, Some(s @ Value::Object(_))) => check(s, child, &at)?,
+            (Some(s), _) => check(s, child, &at, unknown)?,
+            (None, Some(s @ Value::Object(_))) => check(s, child, &at, unknown)?,
             (None, Some(Value::Bool(true))) => {}
-            (None, _) if preserve => {}
+            (None, _) if preserve || unknown == UnknownFields::Ignore => {}
             (None, _) => {
                 let mut known: Vec<&str> = properties
                     .into_iter()
@@ -140,10 +177,15 @@ fn check_object(
     )
 }
 
-fn check_array(schema: &Value, items: &[Value], path: &str) -> Result<(), SpecError> {
+fn check_array(
+    schema: &Value,
+    items: &[Value],
+    path: &str,
+    unknown: UnknownFields,
+) -> Result<(), SpecError> {
     if let Some(item) = schema.get("items").filter(|i| i.is_object()) {
         for (i, v) in items.iter().enumerate() {
-            check(item, v, &format!("{path}[{i}]"))?;
+            check(item, v, &format!("{path}[{i}]"), unknown)?;
         }
     }
     bounds(schema, "minItems", "maxItems", items.len(), "items", path)
@@ -166,9 +208,17 @@ fn check_number(schema: &Value, value: &Value, path: &str) -> Result<(), SpecErr
         Some("int64") => Some((i64::MIN, i64::MAX, "64")),
         _ => None,
     };
+    let in_range = |n: &serde_json::Number, low: i64, high: i64| match n.as_i64() {
+        Some(v) => (low..=high).contains(&v),
+        None if n.is_u64() => false,
+        // A whole float: compared as one (2^63 rounds to i64::MAX as f64, and is out).
+        None => n
+            .as_f64()
+            .is_some_and(|f| f >= low as f64 && f < (high as f64) + 1.0),
+    };
     if let (Some((low, high, bits)), Value::Number(n)) = (range, value)
-        && (n.is_i64() || n.is_u64())
-        && !n.as_i64().is_some_and(|v| (low..=high).contains(&v))
+        && whole(n)
+        && !in_range(n, low, high)
     {
         return fail(format!(
             "{n} is out of range for a {bits}-bit integer ({low} to {high})"
@@ -328,7 +378,7 @@ mod tests {
     }
 
     fn err(spec: Value) -> (String, String) {
-        let e = check(&schema(), &spec, "spec").expect_err("refused");
+        let e = check(&schema(), &spec, "spec", UnknownFields::Refuse).expect_err("refused");
         (e.field, e.message)
     }
 
@@ -342,7 +392,10 @@ mod tests {
             "extra": { "anything": [1, 2] },
             "ratio": 0.5,
         });
-        assert_eq!(check(&schema(), &spec, "spec"), Ok(()));
+        assert_eq!(
+            check(&schema(), &spec, "spec", UnknownFields::Refuse),
+            Ok(())
+        );
     }
 
     #[test]
@@ -447,9 +500,51 @@ mod tests {
     }
 
     #[test]
+    fn what_the_api_server_takes_passes() {
+        let ok = |schema: Value, v: Value| {
+            assert_eq!(
+                check(&schema, &v, "spec", UnknownFields::Refuse),
+                Ok(()),
+                "{schema} {v}"
+            );
+        };
+        // A whole float is an integer, as kubectl reads YAML.
+        ok(json!({ "type": "integer", "format": "int32" }), json!(2.0));
+        ok(json!({ "x-kubernetes-int-or-string": true }), json!(8080.0));
+        // A null in a nullable field is kept, and counts as present.
+        ok(
+            json!({ "type": "object", "required": ["a"], "properties": { "a": { "type": "string", "nullable": true } } }),
+            json!({ "a": null }),
+        );
+        // No type: anything.
+        ok(
+            json!({ "x-kubernetes-preserve-unknown-fields": true, "properties": { "a": { "type": "string" } } }),
+            json!(5),
+        );
+        let e = check(
+            &json!({ "type": "integer", "format": "int32" }),
+            &json!(3e9),
+            "spec.n",
+            UnknownFields::Refuse,
+        )
+        .expect_err("refused");
+        assert!(e.message.contains("out of range"), "{e}");
+    }
+
+    #[test]
+    fn unknown_fields_may_be_let_be() {
+        let spec = json!({ "image": { "repository": "x", "digest": "sha256:0" }, "replica": 1 });
+        assert_eq!(
+            check(&schema(), &spec, "spec", UnknownFields::Ignore),
+            Ok(())
+        );
+        assert!(check(&schema(), &spec, "spec", UnknownFields::Refuse).is_err());
+    }
+
+    #[test]
     fn the_uint64_above_int64_is_out_of_range_too() {
         let s = json!({ "type": "integer", "format": "int64" });
-        let e = check(&s, &json!(u64::MAX), "spec.n").expect_err("refused");
+        let e = check(&s, &json!(u64::MAX), "spec.n", UnknownFields::Refuse).expect_err("refused");
         assert!(
             e.message.contains("out of range for a 64-bit integer"),
             "{e}"

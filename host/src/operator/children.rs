@@ -298,7 +298,7 @@ pub(crate) fn watch_children(
             Some(ns) => Api::namespaced_with(shared.client.clone(), ns, &child_ar),
             None => Api::all_with(shared.client.clone(), &child_ar),
         };
-        let config = watcher::Config::default().any_semantic();
+        let config = super::watch_config();
         listed.push((kind_key.clone(), first_list.subscribe()));
         let health = (shared.metrics.clone(), kind_key.clone());
         let stream = reflector::reflector(writer, watcher(api, config).modify(trim_foreign))

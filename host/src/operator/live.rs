@@ -5,8 +5,8 @@
 //! child watch, later again with each status change. Read as a `DynamicObject`, each of those
 //! is parsed in full (its managed fields, its pod template) into JSON values, buffered once more
 //! for `DynamicObject`'s flattened fields, and then mostly thrown away. `LiveChild` reads the
-//! metadata the reconciliation and the watches use, `spec.replicas` and `status`, and skips the
-//! rest of the text without building anything from it.
+//! metadata the reconciliation and the watches use, `spec.replicas` and the replica counts of
+//! `status`, and skips the rest of the text without building anything from it.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -15,7 +15,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference,
 use kube::core::{DynamicResourceScope, Resource};
 use kube::discovery::ApiResource;
 use serde::{Deserialize, Deserializer};
-use serde_json::Value;
 
 /// A child object, read for reconciliation (see the module's documentation).
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -26,9 +25,43 @@ pub struct LiveChild {
     /// `spec.replicas`, for the kinds that have it.
     #[serde(default)]
     spec: Spec,
-    /// Its status as the API server returned it.
+    /// The counts of its status that say whether it is ready (`None`: it has no status).
     #[serde(default)]
-    pub status: Option<Value>,
+    pub status: Option<Counts>,
+}
+
+/// The fields of a child's status that readiness reads (`status::child_ready`): a workload's
+/// replica counts. The rest (conditions above all) is skipped unread: at 20,000 children it
+/// was tens of MiB of JSON values kept for nothing.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Counts {
+    /// `status.observedGeneration`.
+    #[serde(default)]
+    pub observed_generation: Option<i64>,
+    /// `status.availableReplicas` (Deployment).
+    #[serde(default)]
+    pub available_replicas: Option<i64>,
+    /// `status.readyReplicas` (StatefulSet).
+    #[serde(default)]
+    pub ready_replicas: Option<i64>,
+    /// `status.updatedReplicas`.
+    #[serde(default)]
+    pub updated_replicas: Option<i64>,
+}
+
+impl Counts {
+    /// A count by its field name in `status`; 0 when absent.
+    pub fn get(&self, field: &str) -> i64 {
+        match field {
+            "observedGeneration" => self.observed_generation,
+            "availableReplicas" => self.available_replicas,
+            "readyReplicas" => self.ready_replicas,
+            "updatedReplicas" => self.updated_replicas,
+            _ => None,
+        }
+        .unwrap_or(0)
+    }
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -155,7 +188,10 @@ mod tests {
         assert!(m.managed_fields.is_none());
         assert!(m.creation_timestamp.is_none());
         assert_eq!(live.replicas(), Some(2));
-        assert_eq!(live.status.unwrap()["availableReplicas"], 2);
+        let counts = live.status.unwrap();
+        assert_eq!(counts.get("availableReplicas"), 2);
+        assert_eq!(counts.get("observedGeneration"), 3);
+        assert_eq!(counts.get("readyReplicas"), 0);
 
         let service: LiveChild =
             serde_json::from_str(r#"{"metadata":{"name":"web"},"spec":{"ports":[]}}"#).unwrap();

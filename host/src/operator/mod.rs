@@ -704,15 +704,13 @@ impl Controllers {
         let reader = writer.as_reader();
         let (first_list, done) = FirstList::new();
         let health = (shared.metrics.clone(), controller.clone());
-        let trigger = reflector::reflector(
-            writer,
-            watcher(api, watcher::Config::default().any_semantic()).modify(trim_resource),
-        )
-        .inspect(first_list.observer())
-        .inspect(move |event| watch_health(&health.0, &health.1, event))
-        .default_backoff()
-        .applied_objects()
-        .predicate_filter(render_input, PredicateConfig::default());
+        let trigger =
+            reflector::reflector(writer, watcher(api, watch_config()).modify(trim_resource))
+                .inspect(first_list.observer())
+                .inspect(move |event| watch_health(&health.0, &health.1, event))
+                .default_backoff()
+                .applied_objects()
+                .predicate_filter(render_input, PredicateConfig::default());
         let name = controller.clone();
         let run = Controller::for_stream_with(trigger, reader, ar.clone())
             .with_config(
@@ -789,22 +787,45 @@ pub fn stamp_child(
     }]);
 }
 
-/// A hash of what a render reads from a resource besides its name: generation (the spec),
-/// labels and annotations; and its uid, so that a resource created again under the same name
-/// counts as new.
+/// How every watch lists: from the API server's watch cache (`resourceVersion=0`), in pages.
+pub(crate) fn watch_config() -> watcher::Config {
+    watcher::Config::default().any_semantic()
+}
+
 /// The annotation in which `kubectl apply` (client-side) keeps a copy of the whole object.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
-/// Drops what the operator never reads of a served resource before it is stored: its
-/// `managedFields`, and `kubectl apply`'s copy of the whole object, which are most of what a
-/// resource weighs in memory. Plugins do not see kubectl's bookkeeping either.
+/// Makes a served resource light before it is stored: drops what the operator never reads (its
+/// `managedFields`, and `kubectl apply`'s copy of the whole object; plugins do not see kubectl's
+/// bookkeeping either), and keeps `spec` and `status` as compact JSON text, one allocation each
+/// instead of a tree of maps and strings, read back with [`stored`] by the reconciliation that
+/// needs them. Measured at 10,000 resources, the trees were most of the operator's memory.
 fn trim_resource(obj: &mut DynamicObject) {
     obj.metadata.managed_fields = None;
     if let Some(annotations) = obj.metadata.annotations.as_mut() {
         annotations.remove(LAST_APPLIED);
     }
+    for field in ["spec", "status"] {
+        if let Some(v) = obj.data.get_mut(field)
+            && (v.is_object() || v.is_array())
+        {
+            *v = serde_json::Value::String(v.to_string());
+        }
+    }
 }
 
+/// A stored resource's `spec` or `status` (see [`trim_resource`]): parsed back from its compact
+/// text, or as it is in an object that was not stored (a test's, say).
+pub(crate) fn stored(obj: &DynamicObject, field: &str) -> Option<serde_json::Value> {
+    match obj.data.get(field)? {
+        serde_json::Value::String(text) => serde_json::from_str(text).ok(),
+        other => Some(other.clone()),
+    }
+}
+
+/// A hash of what a render reads from a resource besides its name: generation (the spec),
+/// labels and annotations; and its uid, so that a resource created again under the same name
+/// counts as new.
 fn render_input(obj: &DynamicObject) -> Option<u64> {
     let mut h = std::hash::DefaultHasher::new();
     let meta = &obj.metadata;

@@ -203,20 +203,17 @@ impl Owner {
             generation: meta.generation.unwrap_or(0),
             labels: map(&meta.labels),
             annotations: map(&meta.annotations),
-            spec: obj
-                .data
-                .get("spec")
-                .filter(|s| s.is_object())
-                .cloned()
+            spec: super::stored(obj, "spec")
+                .filter(Value::is_object)
                 .unwrap_or_else(|| json!({})),
         };
         let adopt = resource
             .annotations
             .get(ADOPT_ANNOTATION)
             .is_some_and(|v| v == "true");
-        let last_children: Vec<Child> = obj
-            .data
-            .get("status")
+        let status = super::stored(obj, "status");
+        let last_children: Vec<Child> = status
+            .as_ref()
             .and_then(|s| s.get("children"))
             .and_then(Value::as_array)
             .into_iter()
@@ -276,7 +273,9 @@ async fn render(
     let registry = shared.registry.clone();
     let resource = owner.resource.clone();
     let started = Instant::now();
-    let task = tokio::task::spawn_blocking(move || registry.render(&resource));
+    let task = tokio::task::spawn_blocking(move || {
+        registry.render_checked(&resource, crate::schema::UnknownFields::Ignore)
+    });
     let rendered = match tokio::time::timeout(shared.render_wait, task).await {
         Ok(joined) => joined?,
         Err(_) => Err(RenderError::Plugin {
@@ -998,7 +997,7 @@ fn current_status(ctx: &KindCtx, obj: &DynamicObject) -> Option<Value> {
     ctx.shared
         .reports
         .pending_status(&report_key(ctx, obj))
-        .or_else(|| obj.data.get("status").cloned())
+        .or_else(|| super::stored(obj, "status"))
 }
 
 /// The message of the `Ready` condition of `status`.

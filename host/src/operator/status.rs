@@ -37,13 +37,7 @@ pub(crate) fn child_ready(kind: &str, live: Option<&LiveChild>) -> (bool, String
     let Some(o) = live else {
         return (true, "exists".into());
     };
-    let int = |field: &str| {
-        o.status
-            .as_ref()
-            .and_then(|s| s.get(field))
-            .and_then(Value::as_i64)
-            .unwrap_or(0)
-    };
+    let int = |field: &str| o.status.as_ref().map_or(0, |s| s.get(field));
     let generation = o.metadata.generation.unwrap_or(0);
     let observed = int("observedGeneration");
     // (the count that makes it ready, its word): the rollout must also be fully updated.

@@ -1336,7 +1336,7 @@ async fn healthz_and_readyz_follow_a_partition() {
         || {
             let body = op.get("/readyz");
             body.starts_with("HTTP/1.0 503")
-                && body.contains("watches failing")
+                && body.contains("watches failing for over 3s")
                 && body.contains("services.hanzo.ai")
         },
         || op.get("/readyz"),

@@ -329,6 +329,31 @@ fn resource_render(checker: &Checker, resource: &Resource) -> Result<Option<bool
         Err(RenderError::NoPlugin { .. } | RenderError::VersionNotServed { .. }) => Ok(None),
         // The host refused the spec before the plugin saw it: it must name the spec's field.
         Err(RenderError::InvalidSpec(e)) => {
+            // A structural refusal (a type, a required or unknown field, an enum) of a spec the
+            // fuzzer's own reading of the CRD takes would stall a resource the API server took.
+            let structural = [
+                "is required",
+                "unknown field",
+                "must be one of",
+                "must be an integer or a string",
+                "must be a string,",
+                "must be an integer,",
+                "must be a number,",
+                "must be a boolean,",
+                "must be an array,",
+                "must be an object,",
+            ]
+            .iter()
+            .any(|m| e.message.contains(m));
+            if structural && checker.spec_conforms(resource) {
+                return Err(Failure::new(
+                    "false-refusal",
+                    format!(
+                        "{who}: the CRD takes this spec, the host refused it: `{}`",
+                        clip(&e.to_string())
+                    ),
+                ));
+            }
             field_ok(&e.field, &["spec"])
                 .and_then(|()| message_ok(&e.message))
                 .map_err(|why| {
