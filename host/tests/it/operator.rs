@@ -2,7 +2,7 @@
 //! watching a namespace of its own.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -154,11 +154,7 @@ impl Operator {
 
 /// A free port on loopback.
 fn free_addr() -> SocketAddr {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = testenv::free_port().unwrap();
     format!("127.0.0.1:{port}").parse().unwrap()
 }
 

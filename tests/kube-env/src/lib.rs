@@ -98,13 +98,52 @@ impl std::fmt::Debug for ControlPlane {
     }
 }
 
-fn free_port() -> Result<u16> {
+/// A free port on loopback, outside the range outgoing connections draw from.
+pub fn free_port() -> Result<u16> {
+    // A port the kernel hands out for bind(0) lies in the ephemeral range, which outgoing
+    // connections draw from too: between our check and the component's bind, a client's
+    // connection may take it ("address already in use", seen in CI). Ports below that range
+    // are never taken that way; pick one of them that is free, at random.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    let low = ephemeral_low().unwrap_or(32768).clamp(20001, 65535);
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+        ^ (u64::from(std::process::id()) << 32);
+    for _ in 0..200 {
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // SplitMix64 of the seed and a counter: spread, and different in every process.
+        let mut x = seed.wrapping_add(n.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        x ^= x >> 31;
+        let port = 20000 + (x % u64::from(low - 20000)) as u16;
+        // Never the same port twice in one process: the first may not be bound yet.
+        let mut given = GIVEN
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !given.contains(&port) && TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
+            given.push(port);
+            return Ok(port);
+        }
+    }
     let listener =
         TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(io("finding a free port"))?;
     Ok(listener
         .local_addr()
         .map_err(io("finding a free port"))?
         .port())
+}
+
+/// The first port of the kernel's ephemeral range.
+fn ephemeral_low() -> Option<u16> {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 fn repo_root() -> PathBuf {
