@@ -1,6 +1,6 @@
 //! Builds the built-in guests into components that `src/plugin/builtin.rs` embeds (with their
-//! sha256, so that loading one does not hash it again), and records the wasmtime version for the
-//! compile cache's keys.
+//! sha256, so that loading one does not hash it again), and records the wasmtime version (for the
+//! compile cache's keys and `host --version`) and the contract's version.
 use sha2::{Digest, Sha256};
 
 fn main() {
@@ -29,4 +29,19 @@ fn main() {
         })
         .unwrap_or_else(|| "unknown".to_owned());
     println!("cargo:rustc-env=WASMTIME_VERSION={version}");
+    // The contract's version, from its package line (`package wasm-operator:plugin@1.0.0;`).
+    let wit = guest_build::workspace_root().join("wit/plugin.wit");
+    println!("cargo:rerun-if-changed={}", wit.display());
+    let contract = std::fs::read_to_string(&wit)
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("package ")?
+                .trim_end_matches(';')
+                .split_once('@')
+                .map(|(_, v)| v.to_owned())
+        })
+        .unwrap_or_else(|| "unknown".to_owned());
+    println!("cargo:rustc-env=CONTRACT_VERSION={contract}");
 }

@@ -16,6 +16,24 @@ use crate::plugin::{Cache, Limits, Runtime, default_cache_dir};
 use crate::registry::Registry;
 use crate::types::Context;
 
+/// What `host --version` prints: the host's version, the wasmtime it embeds, the contract
+/// (WIT package) it speaks, and the sha256 of each built-in plugin.
+pub fn long_version() -> String {
+    let mut text = format!(
+        "{}\nwasmtime {}\ncontract wasm-operator:plugin@{}",
+        env!("CARGO_PKG_VERSION"),
+        env!("WASMTIME_VERSION"),
+        CONTRACT_VERSION
+    );
+    for b in crate::plugin::BUILTINS {
+        text.push_str(&format!("\nbuilt-in plugin {} sha256:{}", b.name, b.sha256));
+    }
+    text
+}
+
+/// The version of the contract (`wit/plugin.wit`) this host was built with.
+pub const CONTRACT_VERSION: &str = env!("CONTRACT_VERSION");
+
 /// Runs reconcilers written as WebAssembly components.
 #[derive(Debug, Parser)]
 #[command(name = "host", version, about, propagate_version = true)]
@@ -232,7 +250,14 @@ pub fn parse_bytes(s: &str) -> Result<usize, String> {
 impl Cli {
     /// Parses the arguments and runs.
     pub fn parse_and_run() -> ExitCode {
-        let cli = Self::parse();
+        use clap::{CommandFactory, FromArgMatches};
+        // `--version` says what this binary holds; a leak of one short string, once.
+        let long: &'static str = Box::leak(long_version().into_boxed_str());
+        let matches = Self::command().long_version(long).get_matches();
+        let cli = match Self::from_arg_matches(&matches) {
+            Ok(cli) => cli,
+            Err(e) => e.exit(),
+        };
         let default = if matches!(cli.command, Command::Run(_)) {
             "info,kube=warn"
         } else {

@@ -153,3 +153,43 @@ fn crds_print_for_another_group() {
     assert!(stdout.contains("name: kvclusters.storage.mydatabase.io"));
     assert!(!stdout.contains("hanzo.ai"), "no hanzo.ai group left");
 }
+
+/// `host --version`: the host, the wasmtime it embeds, the contract it speaks, and the digest of
+/// each built-in plugin, the same digest the operator writes into each resource's status.
+#[test]
+fn version_names_the_engine_the_contract_and_each_builtin_digest() {
+    use sha2::Digest;
+    let out = host(&["--version"], None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let printed = text(&out.stdout);
+    let lines: Vec<&str> = printed.lines().collect();
+    assert_eq!(
+        lines.first().copied(),
+        Some(format!("host {}", env!("CARGO_PKG_VERSION")).as_str()),
+        "{printed}"
+    );
+    assert!(
+        lines.iter().any(|l| l.starts_with("wasmtime 48.")),
+        "{printed}"
+    );
+    let wit = std::fs::read_to_string(root().join("wit/plugin.wit")).unwrap();
+    let package = wit
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("package "))
+        .unwrap()
+        .trim_end_matches(';');
+    assert!(
+        lines.contains(&format!("contract {package}").as_str()),
+        "{printed}"
+    );
+    for plugin in host::plugin::BUILTINS {
+        let digest = sha2::Sha256::digest(plugin.wasm)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>();
+        assert!(
+            lines.contains(&format!("built-in plugin {} sha256:{digest}", plugin.name).as_str()),
+            "{printed}"
+        );
+    }
+}
