@@ -5,6 +5,7 @@
 //! - [`schema`]: a spec checked against its Kind's schema before it is rendered;
 //! - [`documents`]: reading resources from YAML or JSON files and writing manifests;
 //! - [`crd`]: CustomResourceDefinitions from the plugins' own descriptions;
+//! - [`rbac`]: the least-privilege RBAC of the operator for the loaded plugins;
 //! - [`operator`]: `host run`, the controllers;
 //! - [`cli`]: the `host` command.
 
@@ -14,6 +15,7 @@ pub mod documents;
 pub mod error;
 pub mod operator;
 pub mod plugin;
+pub mod rbac;
 pub mod registry;
 pub mod schema;
 

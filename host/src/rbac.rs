@@ -1,0 +1,134 @@
+//! The least-privilege RBAC of `host run` for the loaded plugins (`host rbac`): read the Kinds
+//! they serve and write their status, manage the child kinds they declare, record events, hold
+//! the Lease. Every rule names its groups and resources; there is no `*`.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::{Value, json};
+
+use crate::registry::Registry;
+
+/// Where the operator runs: its ServiceAccount's namespace and name (also the Lease's namespace,
+/// and the name of every object here).
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// The namespace of the ServiceAccount and the Lease.
+    pub namespace: String,
+    /// The name of the ServiceAccount, the roles and their bindings.
+    pub name: String,
+}
+
+/// The resource name of a kind, as Kubernetes guesses it when nothing says otherwise
+/// (`UnsafeGuessKindToResource`): lower case; `-s` takes `-es`, `-y` takes `-ies`, else `-s`.
+pub fn plural(kind: &str) -> String {
+    let lower = kind.to_lowercase();
+    if lower.ends_with('s') {
+        format!("{lower}es")
+    } else if let Some(stem) = lower.strip_suffix('y') {
+        format!("{stem}ies")
+    } else {
+        format!("{lower}s")
+    }
+}
+
+const READ: [&str; 3] = ["get", "list", "watch"];
+const MANAGE: [&str; 7] = [
+    "get", "list", "watch", "create", "update", "patch", "delete",
+];
+
+/// The ServiceAccount, ClusterRole, ClusterRoleBinding, and the Lease's Role and RoleBinding.
+pub fn objects(registry: &Registry, target: &Target) -> Vec<Value> {
+    let mut served: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (_, kind) in registry.kinds() {
+        served
+            .entry(kind.group.clone())
+            .or_default()
+            .insert(kind.plural.clone());
+    }
+    let mut children: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for plugin in registry.plugins() {
+        for child in &plugin.info().children {
+            children
+                .entry(child.group.clone())
+                .or_default()
+                .insert(plural(&child.kind));
+        }
+    }
+    let rule = |group: &str, resources: Vec<String>, verbs: &[&str]| json!({ "apiGroups": [group], "resources": resources, "verbs": verbs });
+    let mut rules = Vec::new();
+    for (group, plurals) in &served {
+        rules.push(rule(group, plurals.iter().cloned().collect(), &READ));
+        rules.push(rule(
+            group,
+            plurals.iter().map(|p| format!("{p}/status")).collect(),
+            &["get", "patch", "update"],
+        ));
+    }
+    for (group, plurals) in &children {
+        rules.push(rule(group, plurals.iter().cloned().collect(), &MANAGE));
+    }
+    rules.push(json!({
+        "apiGroups": ["events.k8s.io", ""],
+        "resources": ["events"],
+        "verbs": ["create", "patch"],
+    }));
+    let (ns, name) = (&target.namespace, &target.name);
+    let subject = json!([{ "kind": "ServiceAccount", "name": name, "namespace": ns }]);
+    let lease_role = format!("{name}-leader-election");
+    vec![
+        json!({
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": { "name": name, "namespace": ns },
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": { "name": name },
+            "rules": rules,
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": { "name": name },
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name },
+            "subjects": subject,
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": { "name": lease_role, "namespace": ns },
+            "rules": [{
+                "apiGroups": ["coordination.k8s.io"],
+                "resources": ["leases"],
+                "verbs": ["get", "create", "update"],
+            }],
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": { "name": lease_role, "namespace": ns },
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": lease_role },
+            "subjects": subject,
+        }),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plural;
+
+    #[test]
+    fn plurals_as_kubernetes_guesses_them() {
+        for (kind, want) in [
+            ("Deployment", "deployments"),
+            ("Ingress", "ingresses"),
+            ("NetworkPolicy", "networkpolicies"),
+            ("KMSSecret", "kmssecrets"),
+            ("ServiceMonitor", "servicemonitors"),
+            ("HorizontalPodAutoscaler", "horizontalpodautoscalers"),
+        ] {
+            assert_eq!(plural(kind), want);
+        }
+    }
+}
