@@ -227,36 +227,25 @@ fn check_number(schema: &Value, value: &Value, path: &str) -> Result<(), SpecErr
     let Some(v) = value.as_f64() else {
         return Ok(());
     };
-    let limit = |key: &str| schema.get(key).and_then(Value::as_f64);
-    let exclusive = |key: &str| flag(schema, key);
-    if let Some(min) = limit("minimum") {
-        let bad = if exclusive("exclusiveMinimum") {
-            v <= min
-        } else {
-            v < min
+    // (bound, its exclusive flag, which side of it is beyond, the words)
+    let limits = [
+        (
+            "minimum",
+            "exclusiveMinimum",
+            -1.0,
+            ["at least", "greater than"],
+        ),
+        ("maximum", "exclusiveMaximum", 1.0, ["at most", "less than"]),
+    ];
+    for (key, exclusive_key, side, words) in limits {
+        let Some(bound) = schema.get(key).and_then(Value::as_f64) else {
+            continue;
         };
-        if bad {
-            let op = if exclusive("exclusiveMinimum") {
-                "greater than"
-            } else {
-                "at least"
-            };
-            return fail(format!("must be {op} {min}, not {value}"));
-        }
-    }
-    if let Some(max) = limit("maximum") {
-        let bad = if exclusive("exclusiveMaximum") {
-            v >= max
-        } else {
-            v > max
-        };
-        if bad {
-            let op = if exclusive("exclusiveMaximum") {
-                "less than"
-            } else {
-                "at most"
-            };
-            return fail(format!("must be {op} {max}, not {value}"));
+        let exclusive = flag(schema, exclusive_key);
+        let excess = side * (v - bound);
+        if excess > 0.0 || (exclusive && excess == 0.0) {
+            let op = words[usize::from(exclusive)];
+            return fail(format!("must be {op} {bound}, not {value}"));
         }
     }
     Ok(())
