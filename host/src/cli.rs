@@ -68,6 +68,26 @@ pub enum Command {
     /// Run the operator: reconcile every Kind the plugins serve (in cluster, or with the current
     /// kubeconfig).
     Run(RunArgs),
+    /// A demo with nothing to install: a Kubernetes control plane of its own (kwok simulates the
+    /// pods), the CRDs, the operator, the examples applied, and a live table of each going to
+    /// Ready. Ctrl-C tears it all down.
+    #[cfg(feature = "dev")]
+    Dev(DevArgs),
+}
+
+/// `host dev`.
+#[derive(Debug, Args)]
+pub struct DevArgs {
+    /// Plugins and limits.
+    #[command(flatten)]
+    pub plugins: PluginArgs,
+    /// Resources to apply: files or directories (default: the project's examples/).
+    #[arg(value_name = "FILE|DIR")]
+    pub inputs: Vec<String>,
+    /// On Ctrl-C, stop the operator but leave the control plane running (it prints how to stop
+    /// it).
+    #[arg(long)]
+    pub keep: bool,
 }
 
 /// `host run`.
@@ -291,6 +311,8 @@ impl Cli {
             Command::Crds(args) => crds(&args),
             Command::Rbac(args) => rbac(&args),
             Command::Run(args) => run(&args),
+            #[cfg(feature = "dev")]
+            Command::Dev(args) => dev(&args),
         };
         match result {
             Ok(code) => code,
@@ -302,7 +324,8 @@ impl Cli {
     }
 }
 
-/// Sets up tracing on stderr, filtered by `RUST_LOG` (else `default`).
+/// Sets up tracing on stderr, filtered by `RUST_LOG` (else `default`); colours only on a
+/// terminal, and never with `NO_COLOR`.
 pub fn init_logging(format: LogFormat, default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
@@ -311,7 +334,10 @@ pub fn init_logging(format: LogFormat, default: &str) {
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder
-            .with_ansi(std::env::var_os("NO_COLOR").is_none())
+            .with_ansi(
+                std::env::var_os("NO_COLOR").is_none()
+                    && std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            )
             .try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
@@ -424,6 +450,28 @@ fn run(args: &RunArgs) -> Result<ExitCode, Error> {
     // process after shutdown.
     runtime.shutdown_timeout(Duration::from_secs(5));
     match result {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(e) => {
+            eprintln!("error: {e}");
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+#[cfg(feature = "dev")]
+fn dev(args: &DevArgs) -> Result<ExitCode, Error> {
+    let registry = args.plugins.registry()?;
+    let inputs = if args.inputs.is_empty() {
+        vec![crate::dev::default_examples().display().to_string()]
+    } else {
+        args.inputs.clone()
+    };
+    let options = crate::dev::Options {
+        render_wait: args.plugins.plugin_timeout * 2 + Duration::from_secs(5),
+        examples: inputs,
+        keep: args.keep,
+    };
+    match crate::dev::run(registry, &options, shutdown_signal()) {
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(e) => {
             eprintln!("error: {e}");

@@ -7,10 +7,13 @@
 //! - [`crd`]: CustomResourceDefinitions from the plugins' own descriptions;
 //! - [`rbac`]: the least-privilege RBAC of the operator for the loaded plugins;
 //! - [`operator`]: `host run`, the controllers;
+//! - [`dev`]: `host dev`, the operator on a control plane of its own, for a demo;
 //! - [`cli`]: the `host` command.
 
 pub mod cli;
 pub mod crd;
+#[cfg(feature = "dev")]
+pub mod dev;
 pub mod documents;
 pub mod error;
 pub mod operator;

@@ -194,16 +194,17 @@ fn version_names_the_engine_the_contract_and_each_builtin_digest() {
     }
 }
 
-/// `deploy/rbac.yaml` is `host rbac` for the built-in plugins: regenerate it when they change
-/// (`cargo run -p host -- rbac > deploy/rbac.yaml`).
+/// The chart's `files/rbac.yaml` is `host rbac` for the built-in plugins: regenerate it when they
+/// change (scripts/generate).
 #[test]
-fn deploy_rbac_is_what_host_rbac_prints() {
+fn the_charts_rbac_is_what_host_rbac_prints() {
     let out = host(&["rbac"], None);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let committed = std::fs::read_to_string(root().join("deploy/rbac.yaml")).unwrap();
+    let committed =
+        std::fs::read_to_string(root().join("charts/wasm-operator/files/rbac.yaml")).unwrap();
     assert!(
         committed == text(&out.stdout),
-        "deploy/rbac.yaml is stale: run `cargo run -p host -- rbac > deploy/rbac.yaml`"
+        "charts/wasm-operator/files/rbac.yaml is stale: run scripts/generate"
     );
     assert!(!committed.contains('*'), "a wildcard in:\n{committed}");
 }

@@ -30,7 +30,7 @@ fn crds_directory_is_up_to_date() {
         .collect();
     assert!(
         stale.is_empty() && extra.is_empty(),
-        "crds/ is stale (differs: {stale:?}, not generated: {extra:?}); run `cargo run -p host -- crds --output-dir crds`"
+        "crds/ is stale (differs: {stale:?}, not generated: {extra:?}); run scripts/generate"
     );
 }
 

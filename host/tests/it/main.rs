@@ -1,8 +1,11 @@
 //! The host's integration tests: one binary, one module per concern.
 
+mod chart;
 mod cli;
 mod crds;
+mod dev;
 mod errors;
+mod image;
 mod judge;
 mod operator;
 mod render;

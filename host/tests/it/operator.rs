@@ -102,14 +102,7 @@ impl Operator {
 
     /// The body of `path`, or nothing while the endpoint does not answer yet.
     fn get(&self, path: &str) -> String {
-        let Ok(mut s) = TcpStream::connect(self.metrics) else {
-            return String::new();
-        };
-        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
-            .unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).unwrap();
-        out
+        http_get(self.metrics, path)
     }
 
     fn scrape(&self) -> String {
@@ -158,7 +151,22 @@ fn free_addr() -> SocketAddr {
     format!("127.0.0.1:{port}").parse().unwrap()
 }
 
-fn kubectl(cp: &ControlPlane, args: &[&str]) -> (bool, String) {
+/// The response to `GET path` (status line, headers, body), or nothing while nothing answers.
+pub(crate) fn http_get(addr: SocketAddr, path: &str) -> String {
+    let Ok(mut s) = TcpStream::connect(addr) else {
+        return String::new();
+    };
+    if s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+        .is_err()
+    {
+        return String::new();
+    }
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+pub(crate) fn kubectl(cp: &ControlPlane, args: &[&str]) -> (bool, String) {
     let out = cp.kubectl(args);
     let text = format!(
         "{}{}",
@@ -169,13 +177,13 @@ fn kubectl(cp: &ControlPlane, args: &[&str]) -> (bool, String) {
 }
 
 /// Runs kubectl as admin and asserts that it succeeded; returns what it printed.
-fn kubectl_ok(cp: &ControlPlane, args: &[&str]) -> String {
+pub(crate) fn kubectl_ok(cp: &ControlPlane, args: &[&str]) -> String {
     let (ok, out) = kubectl(cp, args);
     assert!(ok, "kubectl {args:?}: {out}");
     out
 }
 
-fn apply(cp: &ControlPlane, ns: &str, yaml: &str) {
+pub(crate) fn apply(cp: &ControlPlane, ns: &str, yaml: &str) {
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), yaml).unwrap();
     let (ok, out) = kubectl(
@@ -186,7 +194,7 @@ fn apply(cp: &ControlPlane, ns: &str, yaml: &str) {
 }
 
 /// `kubectl wait --for=condition=Ready`, which works because status follows kstatus.
-fn wait_ready(cp: &ControlPlane, ns: &str, what: &str) {
+pub(crate) fn wait_ready(cp: &ControlPlane, ns: &str, what: &str) {
     let (ok, out) = kubectl(
         cp,
         &[
@@ -205,14 +213,14 @@ fn wait_ready(cp: &ControlPlane, ns: &str, what: &str) {
     );
 }
 
-fn get(cp: &ControlPlane, ns: &str, what: &str) -> Option<Value> {
+pub(crate) fn get(cp: &ControlPlane, ns: &str, what: &str) -> Option<Value> {
     let out = cp.kubectl(&["get", "-n", ns, what, "-o", "json"]);
     out.status
         .success()
         .then(|| serde_json::from_slice(&out.stdout).unwrap())
 }
 
-async fn eventually(what: &str, timeout: Duration, check: impl FnMut() -> bool) {
+pub(crate) async fn eventually(what: &str, timeout: Duration, check: impl FnMut() -> bool) {
     eventually_or(what, timeout, check, String::new).await;
 }
 
@@ -243,7 +251,7 @@ fn condition(obj: &Value, type_: &str) -> (String, String, String) {
     (s("status"), s("reason"), s("message"))
 }
 
-const WEB: &str = "apiVersion: hanzo.ai/v1
+pub(crate) const WEB: &str = "apiVersion: hanzo.ai/v1
 kind: Service
 metadata:
   name: web
@@ -546,20 +554,13 @@ async fn runs_with_its_rbac_skips_missing_crds_and_survives_an_api_server_restar
     let _logs = cp.logs_on_failure();
     let root = crate::support::root();
     for args in [
-        vec!["apply", "-f", "crds/"],
+        // The plain install: namespace, CRDs, RBAC, the Deployment (whose pods kwok simulates).
         vec![
             "apply",
-            "-f",
-            "deploy/namespace.yaml",
-            "-f",
-            "deploy/rbac.yaml",
-        ],
-        vec![
-            "apply",
-            "--dry-run=server",
+            "--server-side",
             "--validate=strict",
             "-f",
-            "deploy/deployment.yaml",
+            "deploy/wasm-operator.yaml",
         ],
         vec![
             "wait",
@@ -595,7 +596,7 @@ async fn runs_with_its_rbac_skips_missing_crds_and_survives_an_api_server_restar
     );
     let admin = cp.client().await.unwrap();
     let ns = cp.namespace(&admin, "app").await.unwrap();
-    // The operator acts as its ServiceAccount, bound by deploy/rbac.yaml only.
+    // The operator acts as its ServiceAccount, bound by the RBAC of deploy/wasm-operator.yaml only.
     let client = cp
         .service_account_client(&admin, "wasm-operator", "wasm-operator")
         .await
@@ -1114,12 +1115,8 @@ async fn a_leader_cut_off_stops_writing_before_another_takes_over() {
     let cp = ControlPlane::start().unwrap();
     let _logs = cp.logs_on_failure();
     let root = crate::support::root();
-    for file in ["crds/", "deploy/namespace.yaml", "deploy/rbac.yaml"] {
-        kubectl_ok(
-            &cp,
-            &["apply", "-f", &root.join(file).display().to_string()],
-        );
-    }
+    let install = root.join("deploy/wasm-operator.yaml").display().to_string();
+    kubectl_ok(&cp, &["apply", "--server-side", "-f", &install]);
     kubectl_ok(
         &cp,
         &[

@@ -177,6 +177,30 @@ pub fn binaries() -> Result<PathBuf> {
     Ok(PathBuf::from(dir))
 }
 
+/// The `helm` binary: `$HELM`, else what `scripts/helm` prints (it builds Helm v4 from the Go
+/// module proxy the first time, and caches it).
+pub fn helm() -> Result<PathBuf> {
+    if let Some(path) = std::env::var_os("HELM") {
+        return Ok(PathBuf::from(path));
+    }
+    let script = repo_root().join("scripts/helm");
+    let out = Command::new(&script)
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(io(format!("running {}", script.display())))?;
+    if !out.status.success() {
+        return Err(Error::Binaries(format!(
+            "{} failed ({})",
+            script.display(),
+            out.status
+        )));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(PathBuf::from(
+        text.lines().last().unwrap_or_default().trim(),
+    ))
+}
+
 struct Pki {
     ca: String,
     server_cert: String,
@@ -491,7 +515,7 @@ impl ControlPlane {
     fn spawn(&self, name: &'static str, args: &[String]) -> Result<()> {
         let program = self.bin.join(name);
         let log = self.dir.path().join(format!("{name}.log"));
-        let child = start_watched(&program, args, &log)?;
+        let child = start_watched(&self.dir.path().join("owner.pid"), &program, args, &log)?;
         let mut procs = self
             .processes
             .lock()
@@ -600,6 +624,31 @@ impl ControlPlane {
         &self.bin
     }
 
+    /// Leaves the control plane running after this process ends, and its directory in place.
+    /// Returns a shell command that stops it and removes the directory.
+    pub fn keep(mut self) -> Result<String> {
+        let owner = self.dir.path().join("owner.pid");
+        std::fs::write(&owner, "kept").map_err(io(format!("writing {}", owner.display())))?;
+        let procs = std::mem::take(
+            &mut *self
+                .processes
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        self.dir.disable_cleanup(true);
+        let groups: Vec<String> = procs.iter().map(|p| format!("-{}", p.child.id())).collect();
+        Ok(format!(
+            "kill -TERM -- {} && sleep 3 && rm -rf {}",
+            groups.join(" "),
+            self.dir.path().display()
+        ))
+    }
+
+    /// The directory holding the control plane's files and component logs.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
     /// Runs the matching kubectl as admin.
     pub fn kubectl(&self, args: &[&str]) -> Output {
         Command::new(self.bin.join("kubectl"))
@@ -644,6 +693,42 @@ impl ControlPlane {
             .collect()
     }
 
+    /// A token for the ServiceAccount `namespace/name` (TokenRequest, valid for an hour), as the
+    /// kubelet would project it into a pod.
+    pub async fn service_account_token(
+        &self,
+        admin: &kube::Client,
+        namespace: &str,
+        name: &str,
+    ) -> Result<String> {
+        let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), namespace);
+        let request = TokenRequest {
+            spec: Some(TokenRequestSpec {
+                audiences: Some(vec![]),
+                expiration_seconds: Some(3600),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let token = sas
+            .create_token_request(name, &PostParams::default(), &request)
+            .await?;
+        let token = serde_json::to_value(&token)
+            .ok()
+            .and_then(|v| {
+                v.pointer("/status/token")
+                    .and_then(serde_json::Value::as_str)
+                    .map(str::to_owned)
+            })
+            .unwrap_or_default();
+        Ok(token)
+    }
+
+    /// The cluster's CA certificate (PEM), as a pod finds it beside its token.
+    pub fn ca_path(&self) -> PathBuf {
+        self.dir.path().join("ca.crt")
+    }
+
     /// A client acting as the ServiceAccount `namespace/name`, with a token from TokenRequest.
     pub async fn service_account_client(
         &self,
@@ -665,26 +750,7 @@ impl ControlPlane {
         server: Option<&str>,
         user_agent: Option<&str>,
     ) -> Result<kube::Client> {
-        let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), namespace);
-        let request = TokenRequest {
-            spec: Some(TokenRequestSpec {
-                audiences: Some(vec![]),
-                expiration_seconds: Some(3600),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        let token = sas
-            .create_token_request(name, &PostParams::default(), &request)
-            .await?;
-        let token = serde_json::to_value(&token)
-            .ok()
-            .and_then(|v| {
-                v.pointer("/status/token")
-                    .and_then(serde_json::Value::as_str)
-                    .map(str::to_owned)
-            })
-            .unwrap_or_default();
+        let token = self.service_account_token(admin, namespace, name).await?;
         let mut config = self.admin_config().await?;
         config.auth_info = kube::config::AuthInfo {
             token: Some(token.into()),
@@ -763,7 +829,12 @@ impl ControlPlane {
             };
             stop(&mut p.child);
             std::thread::sleep(down_for);
-            p.child = start_watched(&p.program, &p.args, &p.log)?;
+            p.child = start_watched(
+                &self.dir.path().join("owner.pid"),
+                &p.program,
+                &p.args,
+                &p.log,
+            )?;
         }
         self.wait_ready()
     }
@@ -806,24 +877,26 @@ fn remove_stale_dirs() {
     }
 }
 
-fn start_watched(program: &Path, args: &[String], log: &Path) -> Result<Child> {
+fn start_watched(owner: &Path, program: &Path, args: &[String], log: &Path) -> Result<Child> {
     let out = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(log)
         .map_err(io(format!("opening {}", log.display())))?;
     let err = out.try_clone().map_err(io("duplicating a log handle"))?;
-    // The loop ends the component when the test binary (our pid) is gone, whatever ended it.
-    let watchdog = r#"parent=$1; shift; "$@" & child=$!
+    // The loop ends the component when the process named in owner.pid (the test binary) is
+    // gone, whatever ended it; `kept` there ([`ControlPlane::keep`]) leaves it running.
+    let watchdog = r#"owner=$1; shift; "$@" & child=$!
 trap 'kill $child 2>/dev/null; wait $child; exit 0' TERM INT
-while kill -0 "$parent" 2>/dev/null && kill -0 "$child" 2>/dev/null; do sleep 0.5; done
+alive() { p=$(cat "$owner" 2>/dev/null); [ "$p" = kept ] || kill -0 "$p" 2>/dev/null; }
+while alive && kill -0 "$child" 2>/dev/null; do sleep 0.5; done
 kill $child 2>/dev/null; sleep 2; kill -9 $child 2>/dev/null; wait $child"#;
     std::os::unix::process::CommandExt::process_group(
         Command::new("bash")
             .arg("-c")
             .arg(watchdog)
             .arg("watchdog")
-            .arg(std::process::id().to_string())
+            .arg(owner)
             .arg(program)
             .args(args),
         0,

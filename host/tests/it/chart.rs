@@ -1,0 +1,379 @@
+//! The Helm chart (`charts/wasm-operator`), run by Helm v4 itself: lint, what it renders against
+//! what `host crds` and `host rbac` print, the plain manifests in `deploy/`, and install, upgrade
+//! and uninstall on a real control plane into a namespace that enforces the `restricted` Pod
+//! Security Standard.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+use testenv::ControlPlane;
+
+use crate::operator::{WEB, apply, get, kubectl, kubectl_ok};
+use crate::support::root;
+
+const CHART: &str = "charts/wasm-operator";
+
+/// Runs helm from the repository root, with its caches and configuration in a directory of the
+/// test run's own.
+fn helm(args: &[&str]) -> Output {
+    let binary: PathBuf = testenv::helm().unwrap_or_else(|e| panic!("helm: {e}"));
+    let home = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("helm-home");
+    Command::new(binary)
+        .args(args)
+        .current_dir(root())
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("helm did not run: {e}"))
+}
+
+fn helm_ok(args: &[&str]) -> String {
+    let out = helm(args);
+    assert!(
+        out.status.success(),
+        "helm {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn host_ok(args: &[&str]) -> String {
+    let cache = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cli-cache");
+    let out = Command::new(env!("CARGO_BIN_EXE_host"))
+        .args(args)
+        .env("WASM_OPERATOR_CACHE", cache)
+        .stdin(Stdio::null())
+        .output()
+        .expect("host runs");
+    assert!(
+        out.status.success(),
+        "host {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn documents(text: &str) -> Vec<Value> {
+    host::documents::parse("output", text)
+        .expect("YAML parses")
+        .into_iter()
+        .map(|d| d.value)
+        .collect()
+}
+
+/// `helm template` of the chart as release `wasm-operator` in namespace `wasm-operator`.
+pub(crate) fn template(sets: &[&str]) -> String {
+    let mut args = vec![
+        "template",
+        "wasm-operator",
+        CHART,
+        "--namespace",
+        "wasm-operator",
+    ];
+    for set in sets {
+        args.extend(["--set", set]);
+    }
+    helm_ok(&args)
+}
+
+/// The CRDs among `docs`, by name, without the labels and annotations a chart adds.
+fn crds(docs: &[Value]) -> BTreeMap<String, Value> {
+    docs.iter()
+        .filter(|d| d["kind"] == "CustomResourceDefinition")
+        .map(|d| {
+            let mut d = d.clone();
+            if let Some(meta) = d["metadata"].as_object_mut() {
+                meta.remove("labels");
+                meta.remove("annotations");
+            }
+            (
+                d["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                d,
+            )
+        })
+        .collect()
+}
+
+fn rules<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
+    &docs
+        .iter()
+        .find(|d| d["kind"] == kind && d.get("rules").is_some())
+        .unwrap_or_else(|| panic!("no {kind} with rules"))["rules"]
+}
+
+#[test]
+fn helm_lint_passes() {
+    let out = helm_ok(&["lint", "--strict", CHART]);
+    assert!(out.contains("0 chart(s) failed"), "{out}");
+}
+
+#[test]
+fn the_chart_installs_what_host_crds_and_host_rbac_print() {
+    for group in ["hanzo.ai", "example.com"] {
+        let chart = documents(&template(&[&format!("apiGroup={group}")]));
+        let host_crds = documents(&host_ok(&["crds", "--api-group", group]));
+        let host_rbac = documents(&host_ok(&["rbac", "--api-group", group]));
+
+        let (want, got) = (crds(&host_crds), crds(&chart));
+        assert_eq!(
+            want.keys().collect::<Vec<_>>(),
+            got.keys().collect::<Vec<_>>(),
+            "the chart's CRDs under {group}; run scripts/generate"
+        );
+        for (name, crd) in &want {
+            assert!(
+                got[name] == *crd,
+                "the chart's {name} differs from `host crds`; run scripts/generate"
+            );
+        }
+        for kind in ["ClusterRole", "Role"] {
+            assert_eq!(
+                rules(&chart, kind),
+                rules(&host_rbac, kind),
+                "the chart's {kind} under {group} differs from `host rbac`; run scripts/generate"
+            );
+        }
+        for doc in chart.iter().filter(|d| d.get("rules").is_some()) {
+            assert!(
+                !doc["rules"].to_string().contains('*'),
+                "a wildcard in {doc}"
+            );
+        }
+        // Every CRD is kept when the release is uninstalled.
+        for crd in chart
+            .iter()
+            .filter(|d| d["kind"] == "CustomResourceDefinition")
+        {
+            assert_eq!(
+                crd["metadata"]["annotations"]["helm.sh/resource-policy"], "keep",
+                "{}",
+                crd["metadata"]["name"]
+            );
+        }
+    }
+}
+
+#[test]
+fn deploy_is_the_chart_rendered() {
+    let committed = std::fs::read_to_string(root().join("deploy/wasm-operator.yaml")).unwrap();
+    let body: String = committed
+        .lines()
+        .skip_while(|l| l.starts_with('#'))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert!(
+        body == template(&["namespace.create=true"]),
+        "deploy/wasm-operator.yaml is stale: run scripts/generate"
+    );
+}
+
+fn kubectl_stdin(cp: &ControlPlane, args: &[&str], input: &str) -> (bool, String) {
+    use std::io::Write as _;
+    let mut child = Command::new(cp.bin_dir().join("kubectl"))
+        .arg(format!("--kubeconfig={}", cp.kubeconfig().display()))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kubectl runs");
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(input.as_bytes()).expect("kubectl reads");
+    drop(stdin);
+    let out = child.wait_with_output().expect("kubectl ends");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+#[test]
+fn install_upgrade_and_uninstall_on_a_restricted_namespace() {
+    // A control plane of its own: the chart installs cluster-scoped objects (CRDs, ClusterRole).
+    let cp = ControlPlane::start().unwrap();
+    let _logs = cp.logs_on_failure();
+    let kubeconfig = cp.kubeconfig().display().to_string();
+    let ns = "wasm-operator";
+    kubectl_ok(&cp, &["create", "namespace", ns]);
+    kubectl_ok(
+        &cp,
+        &[
+            "label",
+            "namespace",
+            ns,
+            "pod-security.kubernetes.io/enforce=restricted",
+        ],
+    );
+    // Everything the chart renders passes the API server's strict server-side dry run, the
+    // ServiceMonitor included (its CRD first).
+    let monitors = root().join("tests/crds/servicemonitors.monitoring.coreos.com.yaml");
+    kubectl_ok(
+        &cp,
+        &[
+            "apply",
+            "--server-side",
+            "-f",
+            &monitors.display().to_string(),
+        ],
+    );
+    kubectl_ok(
+        &cp,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "crd/servicemonitors.monitoring.coreos.com",
+            "--timeout=60s",
+        ],
+    );
+    let rendered = template(&["metrics.serviceMonitor.enabled=true"]);
+    let (ok, out) = kubectl_stdin(
+        &cp,
+        &[
+            "apply",
+            "--server-side",
+            "--dry-run=server",
+            "--validate=strict",
+            "-f",
+            "-",
+        ],
+        &rendered,
+    );
+    assert!(ok, "strict server-side dry run of the chart: {out}");
+
+    // Install: the CRDs are Established and the operator's pods are admitted under `restricted`,
+    // scheduled and (kwok) running.
+    helm_ok(&[
+        "install",
+        "wasm-operator",
+        CHART,
+        "--namespace",
+        ns,
+        "--kubeconfig",
+        &kubeconfig,
+        "--wait",
+        "--timeout",
+        "3m",
+    ]);
+    kubectl_ok(
+        &cp,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "crd",
+            "--all",
+            "--timeout=60s",
+        ],
+    );
+    kubectl_ok(
+        &cp,
+        &[
+            "wait",
+            "-n",
+            ns,
+            "--for=condition=Available",
+            "deployment/wasm-operator",
+            "--timeout=120s",
+        ],
+    );
+    let pods = get(
+        &cp, ns, "pods", // every pod in the namespace is the operator's
+    )
+    .expect("pods");
+    let pods = pods["items"].as_array().expect("items");
+    assert_eq!(pods.len(), 2, "two replicas");
+    for pod in pods {
+        assert!(pod["spec"]["nodeName"].is_string(), "scheduled: {pod}");
+    }
+
+    // A user's resource, created while the chart is installed.
+    let (ok, out) = kubectl(&cp, &["create", "namespace", "app"]);
+    assert!(ok, "{out}");
+    apply(&cp, "app", WEB);
+
+    // Upgrade changes values: one replica, text logs, and the CRDs change with the release (here
+    // their keep annotation goes, then comes back): Helm's crds/ folder would never upgrade them.
+    let upgrade = |sets: &[&str]| {
+        let mut args = vec![
+            "upgrade",
+            "wasm-operator",
+            CHART,
+            "--namespace",
+            ns,
+            "--kubeconfig",
+            &kubeconfig,
+            "--reuse-values",
+            "--wait",
+            "--timeout",
+            "3m",
+        ];
+        for set in sets {
+            args.extend(["--set", set]);
+        }
+        helm_ok(&args);
+    };
+    let keep = |crd: &str| {
+        get(&cp, ns, &format!("crd/{crd}")).expect("the CRD")["metadata"]["annotations"]
+            ["helm.sh/resource-policy"]
+            .clone()
+    };
+    upgrade(&["replicas=1", "logFormat=text", "crds.keep=false"]);
+    let deployment = get(&cp, ns, "deployment/wasm-operator").expect("deployment");
+    assert_eq!(deployment["spec"]["replicas"], 1);
+    let args = deployment["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+    assert!(args.contains("--log-format=text"), "{args}");
+    assert_eq!(
+        keep("services.hanzo.ai"),
+        Value::Null,
+        "the CRD was not upgraded"
+    );
+    upgrade(&["crds.keep=true"]);
+    assert_eq!(
+        keep("services.hanzo.ai"),
+        "keep",
+        "the CRD was not upgraded"
+    );
+    let deployment = get(&cp, ns, "deployment/wasm-operator").expect("deployment");
+    assert_eq!(
+        deployment["spec"]["replicas"], 1,
+        "--reuse-values kept the first upgrade"
+    );
+
+    // Uninstall: the operator goes; its CRDs and the user's resource stay.
+    helm_ok(&[
+        "uninstall",
+        "wasm-operator",
+        "--namespace",
+        ns,
+        "--kubeconfig",
+        &kubeconfig,
+        "--wait",
+        "--timeout",
+        "3m",
+    ]);
+    assert!(get(&cp, ns, "deployment/wasm-operator").is_none());
+    assert!(get(&cp, ns, "clusterrole/wasm-operator").is_none());
+    let crds = kubectl_ok(&cp, &["get", "crd", "-o", "name"]);
+    for crd in [
+        "services.hanzo.ai",
+        "datastores.hanzo.ai",
+        "kvclusters.storage.mydatabase.io",
+    ] {
+        assert!(crds.contains(crd), "{crd} was deleted: {crds}");
+    }
+    assert!(
+        get(&cp, "app", "services.hanzo.ai/web").is_some(),
+        "the user's Service was deleted"
+    );
+}

@@ -1,0 +1,290 @@
+//! The operator's image (built by `scripts/image`), run by podman exactly as a kubelet runs the
+//! chart's pod: the ServiceAccount's token and the cluster's CA mounted at
+//! `/var/run/secrets/kubernetes.io/serviceaccount`, `KUBERNETES_SERVICE_HOST`/`PORT` set, a
+//! read-only root filesystem, user 65532, every capability dropped, the chart's arguments and
+//! environment. `scripts/test` builds the image and names it in `$WASM_OPERATOR_IMAGE`.
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use testenv::ControlPlane;
+
+use crate::operator::{WEB, apply, eventually, http_get, kubectl_ok, wait_ready};
+
+/// The image under test: what `scripts/image` printed (scripts/test sets this).
+fn image() -> String {
+    std::env::var("WASM_OPERATOR_IMAGE").unwrap_or_else(|_| {
+        panic!(
+            "WASM_OPERATOR_IMAGE is not set: build the image with scripts/image and set it to \
+             the reference it prints (scripts/test does both)"
+        )
+    })
+}
+
+fn podman(args: &[&str]) -> Output {
+    Command::new("podman")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("podman did not run (apt-get install podman runc): {e}"))
+}
+
+fn podman_ok(args: &[&str]) -> String {
+    let out = podman(args);
+    assert!(
+        out.status.success(),
+        "podman {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Removes the container however the test ends.
+struct Container(String);
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let logs = podman(&["logs", &self.0]);
+            eprintln!(
+                "container logs:\n{}{}",
+                String::from_utf8_lossy(&logs.stdout),
+                String::from_utf8_lossy(&logs.stderr)
+            );
+        }
+        let _ = podman(&["rm", "--force", "--time", "0", &self.0]);
+    }
+}
+
+fn host_version() -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_host"))
+        .arg("--version")
+        .output()
+        .expect("host runs");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn the_image_is_static_scratch_and_labelled_with_the_versions() {
+    let image = image();
+    let inspect: Value = serde_json::from_str(&podman_ok(&["image", "inspect", &image])).unwrap();
+    let config = &inspect[0]["Config"];
+    assert_eq!(config["User"], "65532:65532");
+    assert_eq!(
+        config["Entrypoint"],
+        serde_json::json!(["/usr/local/bin/host"])
+    );
+    // FROM scratch: two layers, the binary and the CA certificates, and nothing else.
+    assert_eq!(
+        inspect[0]["RootFS"]["Layers"].as_array().map(Vec::len),
+        Some(2),
+        "{}",
+        inspect[0]["RootFS"]
+    );
+    let labels = &inspect[0]["Labels"];
+    let version = host_version();
+    let line = |prefix: &str| {
+        version
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .unwrap_or_else(|| panic!("no `{prefix}` in {version}"))
+            .to_owned()
+    };
+    assert_eq!(labels["org.opencontainers.image.version"], line("host "));
+    assert_eq!(labels["dev.wasm-operator.wasmtime"], line("wasmtime "));
+    assert_eq!(labels["dev.wasm-operator.contract"], line("contract "));
+    for plugin in ["service", "datastore", "kvcluster"] {
+        assert_eq!(
+            labels[format!("dev.wasm-operator.plugin.{plugin}")],
+            line(&format!("built-in plugin {plugin} ")),
+            "the {plugin} plugin's digest"
+        );
+    }
+    for key in [
+        "org.opencontainers.image.title",
+        "org.opencontainers.image.revision",
+        "org.opencontainers.image.created",
+        "org.opencontainers.image.source",
+        "org.opencontainers.image.licenses",
+    ] {
+        assert!(labels[key].is_string(), "no {key} in {labels}");
+    }
+    // The binary inside is the host, and runs with nothing else in the image.
+    let out = podman_ok(&[
+        "run",
+        "--rm",
+        "--runtime",
+        "runc",
+        "--ulimit",
+        "nofile=1024:1024",
+        "--ulimit",
+        "nproc=1024:1024",
+        "--network",
+        "none",
+        &image,
+        "--version",
+    ]);
+    assert_eq!(out, version);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_image_runs_as_the_in_cluster_operator() {
+    let image = image();
+    let cp = ControlPlane::start().unwrap();
+    let _logs = cp.logs_on_failure();
+    let admin = cp.client().await.unwrap();
+
+    // The chart, rendered for this image and a free metrics port, installed as plain manifests.
+    let port = testenv::free_port().unwrap();
+    let (repository, tag) = image.rsplit_once(':').expect("image:tag");
+    let rendered = crate::chart::template(&[
+        "namespace.create=true",
+        &format!("image.repository={repository}"),
+        &format!("image.tag={tag}"),
+        &format!("metrics.port={port}"),
+    ]);
+    let manifests = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(manifests.path(), &rendered).unwrap();
+    kubectl_ok(
+        &cp,
+        &[
+            "apply",
+            "--server-side",
+            "-f",
+            &manifests.path().display().to_string(),
+        ],
+    );
+    kubectl_ok(
+        &cp,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "crd",
+            "--all",
+            "--timeout=60s",
+        ],
+    );
+    let deployment = host::documents::parse("chart", &rendered)
+        .unwrap()
+        .into_iter()
+        .map(|d| d.value)
+        .find(|d| d["kind"] == "Deployment")
+        .expect("the chart renders a Deployment");
+    let pod = &deployment["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    assert_eq!(container["image"], image.as_str());
+    let args: Vec<String> = container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_owned())
+        .collect();
+
+    // What the kubelet mounts: the ServiceAccount's token, the CA, the namespace.
+    let secrets = tempfile::tempdir().unwrap();
+    let token = cp
+        .service_account_token(&admin, "wasm-operator", "wasm-operator")
+        .await
+        .unwrap();
+    std::fs::write(secrets.path().join("token"), token).unwrap();
+    std::fs::copy(cp.ca_path(), secrets.path().join("ca.crt")).unwrap();
+    std::fs::write(secrets.path().join("namespace"), "wasm-operator").unwrap();
+    for entry in std::fs::read_dir(secrets.path()).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    std::fs::set_permissions(secrets.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let api_port = cp.server().rsplit(':').next().unwrap().to_owned();
+
+    let name = format!("wasm-operator-test-{}", std::process::id());
+    let mut run: Vec<String> = [
+        "run",
+        "--detach",
+        "--name",
+        &name,
+        "--runtime",
+        "runc",
+        "--ulimit",
+        "nofile=1024:1024",
+        "--ulimit",
+        "nproc=1024:1024",
+        "--network",
+        "host",
+        "--read-only",
+        "--user",
+        "65532:65532",
+        "--cap-drop",
+        "ALL",
+        "--security-opt",
+        "no-new-privileges",
+        "--tmpfs",
+        "/var/cache/wasm-operator:rw,mode=1777",
+        "--volume",
+        &format!(
+            "{}:/var/run/secrets/kubernetes.io/serviceaccount:ro",
+            secrets.path().display()
+        ),
+        "--env",
+        "KUBERNETES_SERVICE_HOST=127.0.0.1",
+        "--env",
+        &format!("KUBERNETES_SERVICE_PORT={api_port}"),
+        "--env",
+        &format!("POD_NAME={name}"),
+        "--env",
+        "POD_NAMESPACE=wasm-operator",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    // The chart's environment, but for the two fields the kubelet fills in (set above).
+    for env in container["env"].as_array().unwrap() {
+        if let Some(value) = env["value"].as_str() {
+            run.extend([
+                "--env".to_owned(),
+                format!("{}={value}", env["name"].as_str().unwrap()),
+            ]);
+        }
+    }
+    run.push(image.clone());
+    run.extend(args);
+    let run: Vec<&str> = run.iter().map(String::as_str).collect();
+    podman_ok(&run);
+    let _container = Container(name.clone());
+
+    // An example Service becomes Ready through the operator in the container.
+    let ns = cp.namespace(&admin, "app").await.unwrap();
+    apply(&cp, &ns, WEB);
+    wait_ready(&cp, &ns, "services.hanzo.ai/web");
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let metrics = http_get(addr, "/metrics");
+    assert!(metrics.starts_with("HTTP/1.0 200"), "{metrics}");
+    assert!(
+        metrics.contains("controller_runtime_reconcile_total"),
+        "{metrics}"
+    );
+    eventually("/readyz answers 200", Duration::from_secs(30), || {
+        http_get(addr, "/readyz").starts_with("HTTP/1.0 200")
+    })
+    .await;
+
+    // SIGTERM stops it cleanly, well within the pod's grace period.
+    let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap();
+    let started = Instant::now();
+    podman_ok(&["stop", "--time", &grace.to_string(), &name]);
+    let took = started.elapsed();
+    let state: Value = serde_json::from_str(&podman_ok(&[
+        "inspect",
+        "--format",
+        "{{json .State}}",
+        &name,
+    ]))
+    .unwrap();
+    assert_eq!(state["ExitCode"], 0, "exit after SIGTERM: {state}");
+    assert!(
+        took < Duration::from_secs(grace),
+        "stopping took {took:?}, the grace period is {grace} s"
+    );
+}
