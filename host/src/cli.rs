@@ -68,6 +68,10 @@ pub enum Command {
     /// Run the operator: reconcile every Kind the plugins serve (in cluster, or with the current
     /// kubeconfig).
     Run(RunArgs),
+    /// Check a plugin before it is published or served: its contract, imports, descriptions,
+    /// schemas, and each example rendered within the sandbox's limits, purely. Exit 0 when every
+    /// check passes, 1 when one fails, 2 when the checks could not run.
+    Check(CheckArgs),
     /// A demo with nothing to install: a Kubernetes control plane of its own (kwok simulates the
     /// pods), the CRDs, the operator, the examples applied, and a live table of each going to
     /// Ready. Ctrl-C tears it all down.
@@ -144,6 +148,27 @@ pub struct PluginArgs {
     /// Do not load the built-in plugins.
     #[arg(long)]
     pub no_builtins: bool,
+    /// The context and limits of every plugin call.
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
+}
+
+impl PluginArgs {
+    /// Sets up the runtime and loads the plugins.
+    pub fn registry(&self) -> Result<Registry, Error> {
+        let runtime = self.sandbox.runtime()?;
+        Registry::load(
+            &runtime,
+            self.sandbox.context(),
+            !self.no_builtins,
+            &self.plugins,
+        )
+    }
+}
+
+/// The context a plugin is called with, the sandbox's limits and the compile cache.
+#[derive(Debug, Clone, Args)]
+pub struct SandboxArgs {
     /// The API group of the hanzo Kinds (and of the KMSSecrets they create, as kms.GROUP).
     #[arg(long, default_value = "hanzo.ai", env = "API_GROUP")]
     pub api_group: String,
@@ -172,7 +197,7 @@ pub struct PluginArgs {
     pub no_cache: bool,
 }
 
-impl PluginArgs {
+impl SandboxArgs {
     /// The context plugins are called with.
     pub fn context(&self) -> Context {
         Context {
@@ -191,9 +216,8 @@ impl PluginArgs {
         }
     }
 
-    /// Sets up the runtime and loads the plugins.
-    pub fn registry(&self) -> Result<Registry, Error> {
-        let limits = self.limits();
+    /// The runtime, with the compile cache unless `--no-cache`.
+    pub fn runtime(&self) -> Result<Runtime, Error> {
         let cache = if self.no_cache {
             None
         } else {
@@ -202,8 +226,7 @@ impl PluginArgs {
                 .or_else(default_cache_dir)
                 .map(Cache::new)
         };
-        let runtime = Runtime::new(limits, cache)?;
-        Registry::load(&runtime, self.context(), !self.no_builtins, &self.plugins)
+        Runtime::new(self.limits(), cache)
     }
 }
 
@@ -230,6 +253,32 @@ pub struct RbacArgs {
     /// The name of the ServiceAccount, the roles and their bindings.
     #[arg(long, default_value = "wasm-operator")]
     pub name: String,
+}
+
+/// `host check`.
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// The context and limits the checks run under (those of `host run` by default).
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
+    /// Report format.
+    #[arg(short, long, value_enum, default_value_t = ReportFormat::Text)]
+    pub output: ReportFormat,
+    /// The plugin component.
+    #[arg(value_name = "FILE.wasm")]
+    pub plugin: PathBuf,
+    /// Resources of the plugin's Kinds to render: YAML or JSON files, or directories of them.
+    #[arg(value_name = "EXAMPLE")]
+    pub examples: Vec<String>,
+}
+
+/// Formats of a report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ReportFormat {
+    /// For a person.
+    Text,
+    /// One JSON object.
+    Json,
 }
 
 /// `host render`.
@@ -311,6 +360,7 @@ impl Cli {
             Command::Crds(args) => crds(&args),
             Command::Rbac(args) => rbac(&args),
             Command::Run(args) => run(&args),
+            Command::Check(args) => check(&args),
             #[cfg(feature = "dev")]
             Command::Dev(args) => dev(&args),
         };
@@ -391,6 +441,48 @@ fn render(args: &RenderArgs) -> Result<ExitCode, Error> {
     Ok(ExitCode::SUCCESS)
 }
 
+fn check(args: &CheckArgs) -> Result<ExitCode, Error> {
+    let wasm = std::fs::read(&args.plugin).map_err(|source| Error::ReadPlugin {
+        path: args.plugin.clone(),
+        source,
+    })?;
+    let mut examples = Vec::new();
+    for file in &documents::expand(&args.examples)? {
+        let text = documents::read(file)?;
+        for doc in documents::parse(file, &text)? {
+            let resource = documents::resource(&doc.value).map_err(|reason| Error::Example {
+                place: format!("{file}: document {}", doc.index),
+                reason,
+            })?;
+            examples.push(crate::check::Example {
+                source: format!(
+                    "{file}: document {} ({}/{})",
+                    doc.index, resource.kind, resource.name
+                ),
+                resource,
+            });
+        }
+    }
+    let runtime = args.sandbox.runtime()?;
+    let source = args.plugin.display().to_string();
+    let report = crate::check::check(&runtime, &wasm, &source, &args.sandbox.context(), &examples);
+    let text = match args.output {
+        ReportFormat::Text => report.text(),
+        ReportFormat::Json => {
+            let mut json =
+                serde_json::to_string_pretty(&report).map_err(|e| Error::Output(e.to_string()))?;
+            json.push('\n');
+            json
+        }
+    };
+    emit(&text)?;
+    Ok(if report.passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
 /// How long a reconciliation may run before `/healthz` fails: as asked, but never less than a
 /// render may take (a healthy operator would be restarted in a loop), else the default.
 fn stuck_after(asked: Option<Duration>, render_wait: Duration) -> Duration {
@@ -415,7 +507,7 @@ fn run(args: &RunArgs) -> Result<ExitCode, Error> {
     });
     let agent = format!("wasm-operator/{} ({identity})", env!("CARGO_PKG_VERSION"));
     // Past the deadline, the sandbox has stopped the call; the margin covers a starved CPU.
-    let render_wait = args.plugins.plugin_timeout * 2 + Duration::from_secs(5);
+    let render_wait = args.plugins.sandbox.plugin_timeout * 2 + Duration::from_secs(5);
     let settings = crate::operator::Settings {
         namespace: args.namespace.clone(),
         metrics_addr: args.metrics_addr,
@@ -467,7 +559,7 @@ fn dev(args: &DevArgs) -> Result<ExitCode, Error> {
         args.inputs.clone()
     };
     let options = crate::dev::Options {
-        render_wait: args.plugins.plugin_timeout * 2 + Duration::from_secs(5),
+        render_wait: args.plugins.sandbox.plugin_timeout * 2 + Duration::from_secs(5),
         examples: inputs,
         keep: args.keep,
     };
@@ -550,7 +642,7 @@ mod tests {
     fn limits(args: &[&str]) -> Limits {
         let cli = Cli::try_parse_from([&["host", "render"], args, &["-"]].concat()).unwrap();
         match cli.command {
-            Command::Render(render) => render.plugins.limits(),
+            Command::Render(render) => render.plugins.sandbox.limits(),
             other => panic!("{other:?}"),
         }
     }

@@ -313,8 +313,176 @@ pub fn files(crds: &[Value]) -> Result<Vec<(String, String)>> {
         .collect()
 }
 
+/// Why a schema, as a CRD's `openAPIV3Schema` (its `$ref`s inlined), would not be structural,
+/// or not accepted by the API server: each problem names the schema's path (`spec.ports.items`).
+/// Empty when it is fine. What the API server checks, in short: every node has a type (or says
+/// it is an int-or-string or keeps unknown fields), arrays say what their items are, nothing
+/// OpenAPI has that CRDs refuse (`$ref`, `patternProperties`, ...), `properties` and
+/// `additionalProperties` not both, and inside `allOf`, `anyOf`, `oneOf` and `not` only value
+/// checks: no types, defaults, descriptions or nullability.
+pub fn structural_problems(schema: &Value, path: &str) -> Vec<String> {
+    let mut problems = Vec::new();
+    structural(schema, path, false, &mut problems);
+    problems
+}
+
+fn structural(node: &Value, path: &str, in_junctor: bool, problems: &mut Vec<String>) {
+    let Some(object) = node.as_object() else {
+        problems.push(format!("{path}: a schema must be an object, not `{node}`"));
+        return;
+    };
+    for refused in [
+        "$ref",
+        "$schema",
+        "definitions",
+        "dependencies",
+        "additionalItems",
+        "patternProperties",
+        "id",
+    ] {
+        if object.contains_key(refused) {
+            problems.push(format!(
+                "{path}: `{refused}` is not allowed in a CRD schema"
+            ));
+        }
+    }
+    if object.get("uniqueItems") == Some(&Value::Bool(true)) {
+        problems.push(format!(
+            "{path}: `uniqueItems: true` is not allowed (use x-kubernetes-list-type: set)"
+        ));
+    }
+    let flag = |name: &str| object.get(name) == Some(&Value::Bool(true));
+    let free = flag("x-kubernetes-int-or-string") || flag("x-kubernetes-preserve-unknown-fields");
+    if in_junctor {
+        for field in [
+            "type",
+            "default",
+            "description",
+            "nullable",
+            "additionalProperties",
+        ] {
+            if object.contains_key(field) {
+                problems.push(format!(
+                    "{path}: `{field}` is not allowed inside allOf, anyOf, oneOf or not"
+                ));
+            }
+        }
+    } else {
+        match object.get("type").and_then(Value::as_str) {
+            Some("object" | "array" | "string" | "integer" | "number" | "boolean") => {}
+            Some(other) => problems.push(format!("{path}: unknown type `{other}`")),
+            None if free => {}
+            None => problems.push(format!(
+                "{path}: no type (a structural schema gives every field one)"
+            )),
+        }
+    }
+    if object.get("type").and_then(Value::as_str) == Some("array") && !object.contains_key("items")
+    {
+        problems.push(format!("{path}: an array without `items`"));
+    }
+    if object.contains_key("properties") && object.contains_key("additionalProperties") {
+        problems.push(format!(
+            "{path}: `properties` and `additionalProperties` together"
+        ));
+    }
+    if let Some(properties) = object.get("properties") {
+        match properties.as_object() {
+            Some(properties) => {
+                for (name, child) in properties {
+                    structural(child, &format!("{path}.{name}"), in_junctor, problems);
+                }
+            }
+            None => problems.push(format!("{path}.properties: not an object")),
+        }
+    }
+    if let Some(items) = object.get("items") {
+        structural(items, &format!("{path}.items"), in_junctor, problems);
+    }
+    if let Some(more) = object.get("additionalProperties")
+        && !more.is_boolean()
+    {
+        structural(
+            more,
+            &format!("{path}.additionalProperties"),
+            in_junctor,
+            problems,
+        );
+    }
+    for junctor in ["allOf", "anyOf", "oneOf"] {
+        if let Some(list) = object.get(junctor) {
+            match list.as_array() {
+                Some(list) => {
+                    for (i, child) in list.iter().enumerate() {
+                        structural(child, &format!("{path}.{junctor}[{i}]"), true, problems);
+                    }
+                }
+                None => problems.push(format!("{path}.{junctor}: not a list")),
+            }
+        }
+    }
+    if let Some(not) = object.get("not") {
+        structural(not, &format!("{path}.not"), true, problems);
+    }
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_built_in_crds_are_structural() {
+        let runtime = crate::plugin::Runtime::new(Default::default(), None).unwrap();
+        let registry = Registry::load(&runtime, Default::default(), true, &[]).unwrap();
+        for crd in crds(&registry).unwrap() {
+            let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+            assert_eq!(
+                structural_problems(schema, "openAPIV3Schema"),
+                Vec::<String>::new(),
+                "{}",
+                crd["metadata"]["name"]
+            );
+        }
+    }
+
+    #[test]
+    fn what_is_not_structural_is_named() {
+        let schema = json!({
+            "type": "object",
+            "properties": {
+                "a": { "description": "no type" },
+                "b": { "type": "array" },
+                "c": { "type": "object", "properties": {}, "additionalProperties": { "type": "string" } },
+                "d": { "$ref": "#/definitions/x" },
+                "e": { "x-kubernetes-int-or-string": true },
+                "f": { "type": "string", "anyOf": [{ "type": "string" }, { "pattern": "^a" }] },
+                "g": { "type": "tuple" },
+                "h": { "type": "array", "items": { "type": "string" }, "uniqueItems": true },
+            },
+        });
+        let problems = structural_problems(&schema, "spec");
+        let named = |path: &str, what: &str| {
+            assert!(
+                problems
+                    .iter()
+                    .any(|p| p.starts_with(path) && p.contains(what)),
+                "no `{what}` at {path} in {problems:#?}"
+            );
+        };
+        named("spec.a:", "no type");
+        named("spec.b:", "without `items`");
+        named("spec.c:", "together");
+        named("spec.d:", "`$ref`");
+        named("spec.d:", "no type");
+        named("spec.f.anyOf[0]:", "`type`");
+        named("spec.g:", "unknown type");
+        named("spec.h:", "uniqueItems");
+        assert!(
+            !problems.iter().any(|p| p.starts_with("spec.e")),
+            "{problems:#?}"
+        );
+        assert_eq!(problems.len(), 8, "{problems:#?}");
+    }
+
     use super::*;
 
     #[test]

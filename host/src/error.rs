@@ -197,6 +197,14 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// A document of an input file is not a resource.
+    #[error("{place}: {reason}")]
+    Example {
+        /// `FILE: document N`.
+        place: String,
+        /// Which field is wrong, and how.
+        reason: String,
+    },
     /// A CRD schema referred to a Kubernetes type this host does not know.
     #[error(
         "plugin {plugin}: the schema of {kind} refers to {reference}, which is not a Kubernetes type this host knows"

@@ -5,11 +5,13 @@
 //! - [`schema`]: a spec checked against its Kind's schema before it is rendered;
 //! - [`documents`]: reading resources from YAML or JSON files and writing manifests;
 //! - [`crd`]: CustomResourceDefinitions from the plugins' own descriptions;
+//! - [`check`]: `host check`, a plugin checked before it is published or served;
 //! - [`rbac`]: the least-privilege RBAC of the operator for the loaded plugins;
 //! - [`operator`]: `host run`, the controllers;
 //! - [`dev`]: `host dev`, the operator on a control plane of its own, for a demo;
 //! - [`cli`]: the `host` command.
 
+pub mod check;
 pub mod cli;
 pub mod crd;
 #[cfg(feature = "dev")]

@@ -173,6 +173,20 @@ impl Registry {
         Ok(registry)
     }
 
+    /// A registry of the given plugins alone, as loaded (`host check` renders through one).
+    pub fn of(ctx: Context, plugins: Vec<Plugin>) -> Result<Self> {
+        let mut registry = Self {
+            ctx,
+            plugins: Vec::new(),
+            kinds: BTreeMap::new(),
+            schemas: BTreeMap::new(),
+        };
+        for plugin in plugins {
+            registry.add(plugin, true)?;
+        }
+        Ok(registry)
+    }
+
     fn add(&mut self, plugin: Plugin, from_file: bool) -> Result<()> {
         check_children(plugin.info()).map_err(|reason| Error::Load {
             plugin: plugin.source().to_owned(),
@@ -285,7 +299,8 @@ impl Registry {
     }
 }
 
-fn check_children(info: &PluginInfo) -> std::result::Result<(), String> {
+/// Refuses a description that declares a cluster-scoped child kind.
+pub fn check_children(info: &PluginInfo) -> std::result::Result<(), String> {
     for child in &info.children {
         if CLUSTER_SCOPED.contains(&(child.group.as_str(), child.kind.as_str())) {
             return Err(format!(
@@ -342,7 +357,7 @@ pub fn check_objects(
                 .iter()
                 .map(|c| {
                     format!(
-                        "{}{}/{}",
+                        "{}{}{}",
                         c.group,
                         if c.group.is_empty() { "" } else { "/" },
                         c.version

@@ -61,6 +61,53 @@ impl Default for Limits {
     }
 }
 
+/// What a component is, read from its bytes and its type once it compiled.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Anatomy {
+    /// The sha256 of its bytes, in hex.
+    pub sha256: String,
+    /// Its size in bytes.
+    pub size: usize,
+    /// What it imports (interfaces and functions, with their versions).
+    pub imports: Vec<String>,
+    /// What it exports.
+    pub exports: Vec<String>,
+}
+
+impl Anatomy {
+    /// The version of the contract it exports (`1.0.0`), if it exports the reconciler.
+    pub fn contract(&self) -> Option<&str> {
+        self.exports
+            .iter()
+            .find_map(|e| e.strip_prefix(INTERFACE).and_then(|v| v.strip_prefix('@')))
+    }
+}
+
+/// The steps of loading a plugin, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Step {
+    /// The bytes compile as a WebAssembly component.
+    Compile,
+    /// It exports the reconciler of a version of the contract this host speaks, with its types.
+    Contract,
+    /// It imports nothing the sandbox does not give.
+    Imports,
+    /// Its `describe` returns a valid description.
+    Describe,
+}
+
+/// A load that failed: at which step, why, and what the component is when it compiled.
+#[derive(Debug, Clone)]
+pub struct LoadFailure {
+    /// The step that failed.
+    pub step: Step,
+    /// Why, as `host` errors say it.
+    pub reason: String,
+    /// What the component is, once it compiled.
+    pub anatomy: Option<Anatomy>,
+}
+
 /// The wasmtime engine, WASI linker and compile cache that every plugin shares.
 pub struct Runtime {
     engine: Engine,
@@ -143,31 +190,78 @@ impl Runtime {
         source: &str,
         ctx: &Context,
     ) -> Result<Plugin> {
-        let fail = |reason: String| Error::Load {
-            plugin: source.to_owned(),
-            reason,
-        };
+        self.load_steps(wasm, sha256, source, ctx)
+            .map(|(plugin, _)| plugin)
+            .map_err(|failure| Error::Load {
+                plugin: source.to_owned(),
+                reason: failure.reason,
+            })
+    }
+
+    /// Loads a plugin as [`Runtime::load`] does, saying which [`Step`] failed, and what the
+    /// component is ([`Anatomy`]) once it compiled: what `host check` and `host inspect` report.
+    pub fn load_stepwise(
+        &self,
+        wasm: &[u8],
+        source: &str,
+        ctx: &Context,
+    ) -> std::result::Result<(Plugin, Anatomy), LoadFailure> {
+        self.load_steps(wasm, hex(&Sha256::digest(wasm)), source, ctx)
+    }
+
+    fn load_steps(
+        &self,
+        wasm: &[u8],
+        sha256: String,
+        source: &str,
+        ctx: &Context,
+    ) -> std::result::Result<(Plugin, Anatomy), LoadFailure> {
         let (component, from_cache) = match &self.cache {
             Some(cache) => cache.load_or_compile(&self.engine, wasm, &sha256),
             None => Component::new(&self.engine, wasm)
                 .map(|c| (c, false))
                 .map_err(|e| format!("{e:#}")),
         }
-        .map_err(|e| {
-            if wasm.starts_with(b"\0asm") {
-                fail(format!("not a valid WebAssembly component: {e}"))
+        .map_err(|e| LoadFailure {
+            step: Step::Compile,
+            reason: if wasm.starts_with(b"\0asm") {
+                format!("not a valid WebAssembly component: {e}")
             } else {
-                fail("not a WebAssembly component (no \\0asm header)".to_owned())
-            }
+                "not a WebAssembly component (no \\0asm header)".to_owned()
+            },
+            anatomy: None,
         })?;
-        check_exports(&self.engine, &component).map_err(fail)?;
+        let ty = component.component_type();
+        let anatomy = Anatomy {
+            sha256: sha256.clone(),
+            size: wasm.len(),
+            imports: ty
+                .imports(&self.engine)
+                .map(|(n, _)| n.to_owned())
+                .collect(),
+            exports: ty
+                .exports(&self.engine)
+                .map(|(n, _)| n.to_owned())
+                .collect(),
+        };
+        let fail = |step: Step, reason: String| LoadFailure {
+            step,
+            reason,
+            anatomy: Some(anatomy.clone()),
+        };
+        check_exports(&anatomy.exports).map_err(|e| fail(Step::Contract, e))?;
         let instance_pre = self.linker.instantiate_pre(&component).map_err(|e| {
-            fail(format!(
-                "needs imports this host does not give plugins: {e:#}"
-            ))
+            fail(
+                Step::Imports,
+                format!("needs imports this host does not give plugins: {e:#}"),
+            )
         })?;
-        let pre = bindings::PluginPre::new(instance_pre)
-            .map_err(|e| fail(format!("does not match the plugin world: {e:#}")))?;
+        let pre = bindings::PluginPre::new(instance_pre).map_err(|e| {
+            fail(
+                Step::Contract,
+                format!("does not match the plugin world: {e:#}"),
+            )
+        })?;
         let inner = Arc::new(Inner {
             source: source.to_owned(),
             sha256,
@@ -176,8 +270,10 @@ impl Runtime {
             limits: self.limits,
             from_cache,
         });
-        let info = self.description(&inner, ctx).map_err(fail)?;
-        Ok(Plugin { inner, info })
+        let info = self
+            .description(&inner, ctx)
+            .map_err(|e| fail(Step::Describe, e))?;
+        Ok((Plugin { inner, info }, anatomy))
     }
 
     /// What the plugin says about itself under `ctx`: from the cache when this component has
@@ -223,12 +319,10 @@ fn spawn_ticker(engine: &Engine) {
 }
 
 /// Checks that the component exports `reconciler` from a compatible version of the package.
-fn check_exports(engine: &Engine, component: &Component) -> std::result::Result<(), String> {
-    let ty = component.component_type();
-    let names: Vec<&str> = ty.exports(engine).map(|(name, _)| name).collect();
+fn check_exports(names: &[String]) -> std::result::Result<(), String> {
     let ours: Vec<&str> = names
         .iter()
-        .copied()
+        .map(String::as_str)
         .filter(|n| n.starts_with(INTERFACE))
         .collect();
     if ours.is_empty() {

@@ -1,6 +1,7 @@
 //! The host's integration tests: one binary, one module per concern.
 
 mod chart;
+mod check;
 mod cli;
 mod crds;
 mod dev;

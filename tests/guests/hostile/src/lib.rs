@@ -5,7 +5,8 @@
 //! the byte cap), `other-namespace`, `undeclared-kind`, `no-namespace`, `bad-name`, `error` (a
 //! typed render error), `long-error` (a 16 KiB field and a 64 KiB message, within the output cap),
 //! `huge-error` (a 5 MiB message, over it), and `probe`, which reports in a ConfigMap what the
-//! sandbox let it see: environment, arguments, clock, randomness, files.
+//! sandbox let it see: environment, arguments, clock, randomness, files; and `counter`, which
+//! counts its renders in a ConfigMap: impure, as a second render in one instance shows.
 //!
 //! Waits, each of which then returns one ConfigMap: `sleep` (`std::thread::sleep` for 20 s),
 //! `sleep-forever` (for `Duration::MAX`) and `poll` (`wasi:io/poll` on a 20 s
@@ -20,6 +21,9 @@ use serde_json::{Value, json};
 
 /// The plugin.
 pub struct Hostile;
+
+/// Renders so far in this instance, for `counter`.
+static RENDERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 guest_kit::export_plugin!(Hostile);
 
@@ -127,6 +131,15 @@ impl Plugin for Hostile {
                 },
             })],
             "probe" => vec![config_map(r, &r.name, ns, probe())],
+            "counter" => {
+                let n = RENDERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                vec![config_map(
+                    r,
+                    &r.name,
+                    ns,
+                    json!({ "renders": n.to_string() }),
+                )]
+            }
             "panic" => panic!("hostile guest panicked on purpose"),
             "loop" => {
                 let mut i: u64 = 0;

@@ -1,0 +1,247 @@
+//! `host check`, as a plugin author runs it: the built-in plugins pass with their examples, and
+//! each defect of the hostile test guests fails the check it belongs to, named in the report.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+use crate::support::root;
+
+fn host(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_host"))
+        .args(args)
+        .current_dir(root())
+        .env(
+            "WASM_OPERATOR_CACHE",
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
+        )
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .output()
+        .expect("host runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// `host check -o json ARGS...`: its exit code and report.
+fn check_json(args: &[&str]) -> (i32, Value) {
+    check_within("300ms", args)
+}
+
+/// As [`check_json`], with a deadline for each call of `timeout`.
+fn check_within(timeout: &str, args: &[&str]) -> (i32, Value) {
+    let mut all = vec!["check", "-o", "json", "--plugin-timeout", timeout];
+    all.extend(args);
+    let out = host(&all);
+    let code = out.status.code().expect("an exit code");
+    let report = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "host {all:?}: not a JSON report ({e}), exit {code}:\n{}{}",
+            text(&out.stdout),
+            text(&out.stderr)
+        )
+    });
+    (code, report)
+}
+
+/// The finding of `check` in `report`: its outcome and detail.
+fn finding(report: &Value, check: &str) -> (String, String) {
+    let f = report["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .find(|f| f["check"] == check)
+        .unwrap_or_else(|| panic!("no {check} in {report:#}"));
+    (
+        f["outcome"].as_str().unwrap().to_owned(),
+        f["detail"].as_str().unwrap().to_owned(),
+    )
+}
+
+fn hostile_example(dir: &Path, mode: &str) -> String {
+    let path = dir.join(format!("{mode}.yaml"));
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: test.wasm-operator.dev/v1\nkind: Hostile\nmetadata:\n  name: h\n  \
+             namespace: app\nspec:\n  mode: {mode}\n"
+        ),
+    )
+    .unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn the_built_in_plugins_pass_with_their_examples() {
+    let dir = tempfile::tempdir().unwrap();
+    for (builtin, example) in host::plugin::BUILTINS.iter().zip([
+        "examples/service.yaml",
+        "examples/datastore.yaml",
+        "examples/kvcluster.yaml",
+    ]) {
+        let wasm = dir.path().join(format!("{}.wasm", builtin.name));
+        std::fs::write(&wasm, builtin.wasm).unwrap();
+        let wasm = wasm.display().to_string();
+        let (code, report) = check_json(&[&wasm, example]);
+        assert_eq!(code, 0, "{report:#}");
+        assert_eq!(report["passed"], true);
+        assert_eq!(report["component"]["sha256"], builtin.sha256);
+        assert_eq!(report["contract"], "1.0.0");
+        for check in [
+            "compile", "contract", "imports", "describe", "schemas", "render", "pure",
+        ] {
+            assert_eq!(finding(&report, check).0, "pass", "{check}: {report:#}");
+        }
+        // The person's report says the same.
+        let out = host(&["check", &wasm, example]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let shown = text(&out.stdout);
+        assert!(shown.contains("PASS  pure"), "{shown}");
+        assert!(shown.trim_end().ends_with("passed"), "{shown}");
+    }
+}
+
+#[test]
+fn without_examples_the_render_checks_are_skipped_not_passed() {
+    let (code, report) = check_json(&[test_guests::HOSTILE]);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(finding(&report, "render").0, "skip");
+    assert_eq!(finding(&report, "pure").0, "skip");
+    assert_eq!(finding(&report, "schemas").0, "pass");
+}
+
+#[test]
+fn each_defect_of_the_hostile_guest_fails_its_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let ok = hostile_example(dir.path(), "ok");
+    let (code, report) = check_json(&[test_guests::HOSTILE, &ok]);
+    assert_eq!(code, 0, "the well-behaved mode passes: {report:#}");
+
+    // Each mode, and what the failing render check says about it.
+    for (mode, says) in [
+        ("panic", "PluginTrapped: plugin hostile: panicked"),
+        (
+            "loop",
+            "PluginTimeout: plugin hostile: ran past its deadline of 300ms",
+        ),
+        (
+            "alloc",
+            "PluginMemoryExceeded: plugin hostile: tried to grow its memory",
+        ),
+        ("huge-output", "over the cap of 4194304 bytes"),
+        ("many-manifests", "manifests"),
+        (
+            "other-namespace",
+            "may only write to the resource's own namespace `app`",
+        ),
+        (
+            "undeclared-kind",
+            "ClusterRoleBinding (rbac.authorization.k8s.io/v1) is not a child kind",
+        ),
+        ("bad-name", "invalid name `Not_A_Valid_Name`"),
+        (
+            "error",
+            "InvalidSpec: plugin hostile: spec.mode: was asked to fail",
+        ),
+        ("huge-error", "returned an error of 5242889 bytes"),
+    ] {
+        let example = hostile_example(dir.path(), mode);
+        // A million manifests take more than 300 ms to make in a debug build of the guest.
+        let timeout = if mode == "many-manifests" {
+            "10s"
+        } else {
+            "300ms"
+        };
+        let (code, report) = check_within(timeout, &[test_guests::HOSTILE, &ok, &example]);
+        assert_eq!(code, 1, "{mode}: {report:#}");
+        assert_eq!(report["passed"], false);
+        let (outcome, detail) = finding(&report, "render");
+        assert_eq!(outcome, "fail", "{mode}: {report:#}");
+        assert!(detail.contains(&format!("{mode}.yaml")), "{mode}: {detail}");
+        assert!(detail.contains(says), "{mode}: no `{says}` in {detail}");
+        assert!(!detail.contains("ok.yaml"), "{mode}: {detail}");
+        // What did render is still checked for purity.
+        assert_eq!(finding(&report, "pure").0, "pass", "{mode}: {report:#}");
+    }
+
+    // State kept between calls: each fresh instance gives the same bytes, a second call in one
+    // instance does not.
+    let counter = hostile_example(dir.path(), "counter");
+    let (code, report) = check_json(&[test_guests::HOSTILE, &counter]);
+    assert_eq!(code, 1, "{report:#}");
+    assert_eq!(finding(&report, "render").0, "pass");
+    let (outcome, detail) = finding(&report, "pure");
+    assert_eq!(outcome, "fail", "{report:#}");
+    assert!(detail.contains("keeps state between calls"), "{detail}");
+}
+
+#[test]
+fn a_plugin_that_does_not_load_fails_at_the_step_that_broke() {
+    // Built against a future major version of the contract.
+    let (code, report) = check_json(&[test_guests::INCOMPATIBLE]);
+    assert_eq!(code, 1, "{report:#}");
+    assert_eq!(finding(&report, "compile").0, "pass");
+    let (outcome, detail) = finding(&report, "contract");
+    assert_eq!(outcome, "fail", "{report:#}");
+    assert!(
+        detail.contains("2."),
+        "names the version it found: {detail}"
+    );
+    assert!(
+        report["component"]["exports"].is_array(),
+        "what it exports is still shown: {report:#}"
+    );
+    for check in ["imports", "describe", "schemas", "render", "pure"] {
+        assert_eq!(finding(&report, check).0, "skip", "{check}: {report:#}");
+    }
+
+    // Two memories, each under the cap, together over it.
+    let (code, report) = check_json(&[test_guests::SEVERAL_MEMORIES]);
+    assert_eq!(code, 1, "{report:#}");
+    assert!(
+        report["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["outcome"] == "fail"),
+        "{report:#}"
+    );
+
+    // Not a component at all.
+    let dir = tempfile::tempdir().unwrap();
+    let junk = dir.path().join("junk.wasm");
+    std::fs::write(&junk, "not wasm").unwrap();
+    let (code, report) = check_json(&[&junk.display().to_string()]);
+    assert_eq!(code, 1, "{report:#}");
+    let (outcome, detail) = finding(&report, "compile");
+    assert_eq!(outcome, "fail");
+    assert!(detail.contains("not a WebAssembly component"), "{detail}");
+}
+
+#[test]
+fn what_cannot_be_checked_exits_2_naming_the_file() {
+    let out = host(&["check", "no-such-plugin.wasm"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("no-such-plugin.wasm"),
+        "{}",
+        text(&out.stderr)
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "apiVersion: test.wasm-operator.dev/v1\nkind: Hostile\n",
+    )
+    .unwrap();
+    let out = host(&["check", test_guests::HOSTILE, &bad.display().to_string()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("bad.yaml") && err.contains("metadata.name"),
+        "{err}"
+    );
+}
