@@ -117,7 +117,6 @@ pub fn run(
             .await
             .map_err(|e| Error::Step(format!("a client for the control plane: {e}")))?;
         let metrics_port = testenv::free_port().map_err(Error::ControlPlane)?;
-        let render_wait = render_wait;
         let settings = crate::operator::Settings {
             namespace: None,
             metrics_addr: std::net::SocketAddr::from(([127, 0, 0, 1], metrics_port)),
