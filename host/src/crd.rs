@@ -180,6 +180,7 @@ pub fn status_schema() -> Value {
                             "description": "What the operator's last apply of it left, so that a restarted operator writes nothing unchanged.",
                             "properties": {
                                 "hash": { "type": "string", "description": "A hash of the object as applied." },
+                                "uid": { "type": "string", "description": "The object's uid after the apply." },
                                 "generation": { "type": "integer", "format": "int64", "description": "Its generation after the apply." },
                                 "resourceVersion": { "type": "string", "description": "Its resourceVersion after the apply, for kinds without a generation." },
                             },

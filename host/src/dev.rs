@@ -134,7 +134,7 @@ pub fn run(
         say(&format!(
             "running the operator (metrics on http://127.0.0.1:{metrics_port}/metrics)"
         ));
-        let operator = tokio::spawn(crate::operator::run(
+        let mut operator = tokio::spawn(crate::operator::run(
             client.clone(),
             registry,
             settings,
@@ -173,6 +173,15 @@ pub fn run(
             }
             tokio::select! {
                 () = &mut shutdown => break,
+                // The operator stopped on its own (it could not serve its metrics, say): the
+                // table would never move again.
+                ended = &mut operator => {
+                    return Err(match ended {
+                        Ok(Ok(())) => Error::Step("the operator stopped by itself".into()),
+                        Ok(Err(e)) => Error::Step(format!("the operator failed: {e}")),
+                        Err(e) => Error::Step(format!("the operator's task: {e}")),
+                    });
+                }
                 () = tokio::time::sleep(Duration::from_millis(500)) => {}
             }
         }

@@ -50,13 +50,16 @@ pub(crate) fn applied_key(owner_uid: &str, kind_key: &str, name: &str) -> String
     format!("{owner_uid}/{kind_key}/{name}")
 }
 
-/// What a child looked like after our last apply of it: the hash of what was applied, and the
-/// object's generation (its resourceVersion, for kinds without one) in the apply's answer. Kept
+/// What a child looked like after our last apply of it: the hash of what was applied, the
+/// object's uid, and its generation (its resourceVersion, for kinds without one) in the apply's
+/// answer. The uid tells our object from one made again by someone else under the same name,
+/// which starts again at generation 1 and could otherwise pass for what we applied. Kept
 /// in memory and in the owner's `status.children`, so that an operator that restarts finds what
 /// it applied and writes nothing that has not changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Applied {
     pub hash: u64,
+    pub uid: Option<String>,
     pub generation: Option<i64>,
     pub resource_version: Option<String>,
 }
@@ -70,6 +73,9 @@ impl Applied {
     /// The record as `status.children[].applied` holds it.
     pub(crate) fn to_status(&self) -> serde_json::Value {
         let mut v = serde_json::json!({ "hash": format!("{:016x}", self.hash) });
+        if let Some(uid) = &self.uid {
+            v["uid"] = uid.clone().into();
+        }
         match (self.generation, &self.resource_version) {
             (Some(g), _) => v["generation"] = g.into(),
             (None, Some(rv)) => v["resourceVersion"] = rv.clone().into(),
@@ -83,6 +89,10 @@ impl Applied {
         let hash = u64::from_str_radix(v.get("hash")?.as_str()?, 16).ok()?;
         Some(Self {
             hash,
+            uid: v
+                .get("uid")
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_owned),
             generation: v.get("generation").and_then(serde_json::Value::as_i64),
             resource_version: v
                 .get("resourceVersion")
@@ -492,11 +502,13 @@ mod tests {
         for record in [
             Applied {
                 hash: u64::MAX,
+                uid: Some("u-1".into()),
                 generation: Some(3),
                 resource_version: Some("9".into()),
             },
             Applied {
                 hash: 7,
+                uid: None,
                 generation: None,
                 resource_version: Some("9".into()),
             },

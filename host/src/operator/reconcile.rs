@@ -586,7 +586,7 @@ fn hash(v: &Value) -> u64 {
 }
 
 /// Whether the live child still is what we last applied: same desired object, our labels and
-/// annotations in place, our owner reference, and no spec change since (its generation, or its
+/// annotations in place, our owner reference, the same object (uid), and no spec change since (its generation, or its
 /// resourceVersion for kinds without one).
 fn unchanged(
     desired: &Value,
@@ -619,6 +619,11 @@ fn unchanged(
     if controller_uid(live) != uid {
         return false;
     }
+    // The object we applied, not another made since under its name (a record without a uid,
+    // from an older operator, is written again once).
+    if applied.uid.is_none() || live.metadata.uid != applied.uid {
+        return false;
+    }
     match applied.generation {
         Some(g) => live.metadata.generation == Some(g),
         None => live.metadata.resource_version == applied.resource_version,
@@ -647,6 +652,9 @@ pub(crate) struct ApplyReport {
     pub skipped: Vec<Skipped>,
     /// Applies the API server refused for good (the object is invalid, say).
     pub failures: Vec<String>,
+    /// Applies that failed for a reason that may pass (the API server unavailable or
+    /// overloaded, a timeout): retried with backoff, and said in status meanwhile.
+    pub transient: Vec<String>,
     /// Objects that appeared, or were replaced, between the plan and the apply: the next
     /// reconciliation sees them in the cache and decides again.
     pub raced: Vec<String>,
@@ -744,6 +752,7 @@ async fn apply(
                         });
                     let now = Applied {
                         hash: planned.hash,
+                        uid: answer.metadata.uid.clone(),
                         generation: answer.metadata.generation,
                         resource_version: answer.metadata.resource_version.clone(),
                     };
@@ -771,7 +780,7 @@ async fn apply(
                         "{what} changed hands while it was applied ({message}); looking again"
                     )),
                     Answer::Refused(message) => out.failures.push(format!("{what}: {message}")),
-                    Answer::Retry => return Err(e.into()),
+                    Answer::Retry => out.transient.push(format!("{what}: {e}")),
                 }
                 continue;
             }
@@ -930,6 +939,9 @@ fn report(
     };
     if !applied.failures.is_empty() {
         problems.push(problem("ApplyFailed", &applied.failures, false));
+    }
+    if !applied.transient.is_empty() {
+        problems.push(problem("ApplyFailed", &applied.transient, true));
     }
     if !applied.raced.is_empty() {
         problems.push(problem("ChildConflict", &applied.raced, true));
@@ -1248,12 +1260,27 @@ mod tests {
             p.cache_key.clone(),
             Applied {
                 hash: p.hash,
+                uid: Some("uid-svc".into()),
                 generation: None,
                 resource_version: Some("7".into()),
             },
         );
         let second = plan(vec![service("web")], &owner(false), &c);
         assert_eq!(second.children[0].write, Write::Skip);
+        // Deleted and made again by someone else, with our owner reference and the same
+        // resourceVersion in its kind's sequence (or generation 1): another object, written.
+        c.live.insert(
+            key("Service", "web"),
+            live("uid-again", Some(("Service", "web", "uid-web"))),
+        );
+        let again = plan(vec![service("web")], &owner(false), &c);
+        assert_eq!(
+            again.children[0].write,
+            Write::Update {
+                uid: "uid-again".into()
+            }
+        );
+        c.live.insert(key("Service", "web"), ours.clone());
         // After a restart the memory is empty; the record in the resource's status serves.
         let record = c.applied.remove(&p.cache_key).unwrap();
         let mut restarted = owner(false);

@@ -161,6 +161,82 @@ fn the_chart_installs_what_host_crds_and_host_rbac_print() {
     }
 }
 
+/// The values a platform team sets, each seen in what the chart renders.
+#[test]
+fn the_values_reach_what_the_chart_renders() {
+    let deployment = |docs: &[Value]| {
+        docs.iter()
+            .find(|d| d["kind"] == "Deployment")
+            .expect("a Deployment")
+            .clone()
+    };
+    let digest = format!("sha256:{}", "a".repeat(64));
+    let docs = documents(&template(&[
+        "watchNamespace=app",
+        &format!("image.digest={digest}"),
+        "plugins.files={/plugins/site.wasm}",
+        "sandbox.timeout=2s",
+        "replicas=1",
+        "leaderElection.enabled=false",
+    ]));
+    let pod = &deployment(&docs)["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    assert_eq!(
+        container["image"],
+        format!("ghcr.io/hanzoai/wasm-operator@{digest}")
+    );
+    let args: Vec<&str> = container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    for want in [
+        "--namespace=app",
+        "--plugin=/plugins/site.wasm",
+        "--plugin-timeout=2s",
+        "--leader-elect=false",
+    ] {
+        assert!(args.contains(&want), "no {want} in {args:?}");
+    }
+
+    // Without the built-in plugins: no CRDs, and the ClusterRole holds the rules given.
+    let docs = documents(&template(&[
+        "plugins.builtins=false",
+        "plugins.extraRules[0].apiGroups={example.com}",
+        "plugins.extraRules[0].resources={sites}",
+        "plugins.extraRules[0].verbs={get,list,watch}",
+    ]));
+    assert!(
+        !docs.iter().any(|d| d["kind"] == "CustomResourceDefinition"),
+        "built-in CRDs without the built-in plugins"
+    );
+    let args = deployment(&docs)["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+    assert!(args.contains("--no-builtins"), "{args}");
+    assert_eq!(
+        *rules(&docs, "ClusterRole"),
+        serde_json::json!([{ "apiGroups": ["example.com"], "resources": ["sites"], "verbs": ["get", "list", "watch"] }])
+    );
+
+    // Two replicas with no leader would both write: refused.
+    let out = helm(&[
+        "template",
+        "wasm-operator",
+        CHART,
+        "--set",
+        "leaderElection.enabled=false",
+    ]);
+    assert!(
+        !out.status.success(),
+        "two leaderless replicas were rendered"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("needs leaderElection.enabled"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn deploy_is_the_chart_rendered() {
     let committed = std::fs::read_to_string(root().join("deploy/wasm-operator.yaml")).unwrap();
@@ -251,6 +327,30 @@ fn install_upgrade_and_uninstall_on_a_restricted_namespace() {
         &rendered,
     );
     assert!(ok, "strict server-side dry run of the chart: {out}");
+    let variant = template(&[
+        "watchNamespace=app",
+        "plugins.files={/plugins/site.wasm}",
+        "replicas=1",
+        "leaderElection.enabled=false",
+        "podDisruptionBudget.enabled=false",
+        "metrics.service.enabled=false",
+    ]);
+    let (ok, out) = kubectl_stdin(
+        &cp,
+        &[
+            "apply",
+            "--server-side",
+            "--dry-run=server",
+            "--validate=strict",
+            "-f",
+            "-",
+        ],
+        &variant,
+    );
+    assert!(
+        ok,
+        "strict server-side dry run of a variant of the chart: {out}"
+    );
 
     // Install: the CRDs are Established and the operator's pods are admitted under `restricted`,
     // scheduled and (kwok) running.

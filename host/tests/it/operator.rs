@@ -947,6 +947,83 @@ async fn two_resources_wanting_one_child_the_first_keeps_it() {
     op.stop().await;
 }
 
+/// An apply the API server fails for a reason that may pass (here its own 500: an admission
+/// webhook it cannot reach, with `failurePolicy: Fail`) is said in status as it is retried, and
+/// the resource goes Ready once it passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transient_apply_failure_is_said_in_status_and_retried() {
+    let cp = cluster();
+    let _logs = cp.logs_on_failure();
+    let client = cp.client().await.unwrap();
+    let ns = cp.namespace(&client, "transient").await.unwrap();
+    // Nothing listens on this port: each call of the webhook fails, so the API server answers
+    // creates and updates of core Services in this namespace with a 500.
+    let closed = testenv::free_port().unwrap();
+    let webhook = format!(
+        "apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingWebhookConfiguration
+metadata: {{ name: unreachable-{ns} }}
+webhooks:
+- name: unreachable.wasm-operator.dev
+  failurePolicy: Fail
+  sideEffects: None
+  admissionReviewVersions: [v1]
+  timeoutSeconds: 1
+  clientConfig: {{ url: 'https://127.0.0.1:{closed}/validate' }}
+  rules:
+  - apiGroups: ['']
+    apiVersions: [v1]
+    operations: [CREATE, UPDATE]
+    resources: [services]
+  namespaceSelector:
+    matchLabels: {{ kubernetes.io/metadata.name: {ns} }}
+"
+    );
+    apply(cp, &ns, &webhook);
+    let probe = "apiVersion: v1\nkind: Service\nmetadata: { name: probe }\nspec: { ports: [{ port: 80 }] }\n";
+    let probe_file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(probe_file.path(), probe).unwrap();
+    let probe_path = probe_file.path().display().to_string();
+    eventually(
+        "the webhook to fail creates",
+        Duration::from_secs(30),
+        || {
+            let (ok, out) = kubectl(
+                cp,
+                &["apply", "-n", &ns, "--dry-run=server", "-f", &probe_path],
+            );
+            !ok && out.contains("failed calling webhook")
+        },
+    )
+    .await;
+
+    let _op = Operator::start(cp, &ns, "hanzo.ai", &[]).await;
+    apply(cp, &ns, WEB);
+    let stuck = wait_reason(cp, &ns, "services.hanzo.ai/web", "ApplyFailed").await;
+    let (ready, _, message) = condition(&stuck, "Ready");
+    assert_eq!(ready, "False");
+    assert!(
+        message.contains("Service web") && message.contains("failed calling webhook"),
+        "{message}"
+    );
+    assert_eq!(condition(&stuck, "Reconciling").0, "True", "it is retried");
+    assert_ne!(condition(&stuck, "Stalled").0, "True", "{stuck}");
+    // The children that could be applied were.
+    assert!(get(cp, &ns, "deployment/web").is_some());
+
+    // The webhook goes: a retry applies the Service, and the resource goes Ready.
+    kubectl_ok(
+        cp,
+        &[
+            "delete",
+            "validatingwebhookconfiguration",
+            &format!("unreachable-{ns}"),
+        ],
+    );
+    wait_ready(cp, &ns, "services.hanzo.ai/web");
+    assert!(get(cp, &ns, "service/web").is_some());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_what_a_resource_controls_is_pruned_and_a_failed_delete_is_retried() {
     let cp = cluster();
