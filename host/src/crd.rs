@@ -206,6 +206,33 @@ pub fn status_schema() -> Value {
     })
 }
 
+/// A Kind's printer columns: the plugin's, with the host's own `Ready` and `Status` (from the
+/// Ready condition, which the host owns) before them and `Age` after, unless the plugin names a
+/// column so itself. `kubectl get` shows whether a resource is ready whatever the plugin declares.
+pub fn printer_columns(kind: &KindInfo) -> Vec<crate::types::PrinterColumn> {
+    let declared = |name: &str| {
+        kind.printer_columns
+            .iter()
+            .any(|c| c.name.eq_ignore_ascii_case(name))
+    };
+    let (mut front, mut back) = (Vec::new(), Vec::new());
+    for column in guest_kit::render::standard_printer_columns() {
+        if declared(&column.name) {
+            continue;
+        }
+        if column.name == "Age" {
+            back.push(column);
+        } else {
+            front.push(column);
+        }
+    }
+    front
+        .into_iter()
+        .chain(kind.printer_columns.iter().cloned())
+        .chain(back)
+        .collect()
+}
+
 /// The CRD of one Kind.
 pub fn crd(plugin: &Plugin, kind: &KindInfo) -> Result<Value> {
     let mut spec = kind.spec_schema.clone();
@@ -232,8 +259,7 @@ pub fn crd(plugin: &Plugin, kind: &KindInfo) -> Result<Value> {
     if spec_required {
         root["required"] = json!(["spec"]);
     }
-    let columns: Vec<Value> = kind
-        .printer_columns
+    let columns: Vec<Value> = printer_columns(kind)
         .iter()
         .map(|c| {
             let mut col = json!({ "name": c.name, "type": c.type_, "jsonPath": c.json_path });
@@ -429,6 +455,29 @@ fn structural(node: &Value, path: &str, in_junctor: bool, problems: &mut Vec<Str
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn every_kind_gets_the_hosts_columns_unless_it_names_them() {
+        let mut kind = KindInfo {
+            group: "example.com".into(),
+            versions: vec!["v1".into()],
+            kind: "Site".into(),
+            plural: "sites".into(),
+            short_names: vec![],
+            engine: None,
+            spec_schema: json!({ "type": "object" }),
+            printer_columns: vec![],
+        };
+        let names = |kind: &KindInfo| -> Vec<String> {
+            printer_columns(kind).into_iter().map(|c| c.name).collect()
+        };
+        assert_eq!(names(&kind), ["Ready", "Status", "Age"]);
+        kind.printer_columns = vec![
+            crate::types::PrinterColumn::new("Replicas", "integer", ".spec.replicas", ""),
+            crate::types::PrinterColumn::new("status", "string", ".status.phase", "theirs"),
+        ];
+        assert_eq!(names(&kind), ["Ready", "Replicas", "status", "Age"]);
+    }
 
     #[test]
     fn the_built_in_crds_are_structural() {

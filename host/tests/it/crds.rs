@@ -63,3 +63,26 @@ fn crds_are_structural_and_complete() {
         }
     }
 }
+
+/// A plugin that declares no printer columns (the hostile one) still gets the host's: `kubectl
+/// get` shows whether its resources are Ready.
+#[test]
+fn a_kind_without_columns_gets_the_hosts() {
+    let runtime = host::plugin::Runtime::new(Default::default(), None).unwrap();
+    let registry = host::registry::Registry::load(
+        &runtime,
+        Default::default(),
+        false,
+        &[std::path::PathBuf::from(test_guests::HOSTILE)],
+    )
+    .unwrap();
+    let crds = host::crd::crds(&registry).unwrap();
+    assert_eq!(crds.len(), 1);
+    let columns: Vec<&str> = crds[0]["spec"]["versions"][0]["additionalPrinterColumns"]
+        .as_array()
+        .expect("printer columns")
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(columns, ["Ready", "Status", "Age"]);
+}
