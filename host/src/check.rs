@@ -203,27 +203,48 @@ pub fn check(
                 .as_ref()
                 .and_then(|a| a.contract().map(str::to_owned));
             report.component = failure.anatomy.clone();
-            let steps = [
-                (Step::Compile, "compile"),
-                (Step::Contract, "contract"),
-                (Step::Imports, "imports"),
-                (Step::Describe, "describe"),
-            ];
-            for (step, check) in steps {
-                if step == failure.step {
+            // The order the steps run in; a failure of the types is the contract's.
+            let rank = |step: Step| match step {
+                Step::Compile => 0,
+                Step::Contract => 1,
+                Step::Imports => 2,
+                Step::Types => 3,
+                Step::Describe => 4,
+            };
+            let failed_check = match failure.step {
+                Step::Compile => "compile",
+                Step::Contract | Step::Types => "contract",
+                Step::Imports => "imports",
+                Step::Describe => "describe",
+            };
+            let size = report.component.as_ref().map_or(0, |a| a.size);
+            for (step, check, passed) in [
+                (
+                    Step::Compile,
+                    "compile",
+                    format!("a component of {size} bytes"),
+                ),
+                (
+                    Step::Contract,
+                    "contract",
+                    "exports the reconciler".to_owned(),
+                ),
+                (
+                    Step::Imports,
+                    "imports",
+                    "every import is given by the sandbox".to_owned(),
+                ),
+                (Step::Describe, "describe", String::new()),
+            ] {
+                if check == failed_check {
                     report.add(check, Outcome::Fail, failure.reason.clone());
-                    break;
+                } else if rank(step) < rank(failure.step) {
+                    report.add(check, Outcome::Pass, passed);
+                } else {
+                    report.add(check, Outcome::Skip, "not run: the plugin does not load");
                 }
-                report.add(check, Outcome::Pass, "");
             }
-            let failed_at = steps.iter().position(|(s, _)| *s == failure.step);
-            let rest: Vec<&'static str> = steps
-                .iter()
-                .skip(failed_at.map_or(steps.len(), |i| i + 1))
-                .map(|(_, c)| *c)
-                .chain(later.iter().skip(1).copied())
-                .collect();
-            report.skip_from(&rest, "not run: the plugin does not load");
+            report.skip_from(&later[1..], "not run: the plugin does not load");
             return report;
         }
     };

@@ -342,18 +342,32 @@ pub fn files(crds: &[Value]) -> Result<Vec<(String, String)>> {
 
 /// Why a schema, as a CRD's `openAPIV3Schema` (its `$ref`s inlined), would not be structural,
 /// or not accepted by the API server: each problem names the schema's path (`spec.ports.items`).
-/// Empty when it is fine. What the API server checks, in short: every node has a type (or says
+/// Empty when it is fine. What the API server checks, in short: every node has one type (or says
 /// it is an int-or-string or keeps unknown fields), arrays say what their items are, nothing
-/// OpenAPI has that CRDs refuse (`$ref`, `patternProperties`, ...), `properties` and
-/// `additionalProperties` not both, and inside `allOf`, `anyOf`, `oneOf` and `not` only value
-/// checks: no types, defaults, descriptions or nullability.
+/// OpenAPI has that CRDs refuse (`$ref`, `patternProperties`, ...), no non-empty `properties`
+/// beside an `additionalProperties` other than `true`, and inside `allOf`, `anyOf`, `oneOf` and
+/// `not` only value checks: no types (but `integer` and `string` under an int-or-string),
+/// defaults, descriptions or nullability.
 pub fn structural_problems(schema: &Value, path: &str) -> Vec<String> {
     let mut problems = Vec::new();
-    structural(schema, path, false, &mut problems);
+    structural(schema, path, Place::Outside, &mut problems);
     problems
 }
 
-fn structural(node: &Value, path: &str, in_junctor: bool, problems: &mut Vec<String>) {
+/// Where a schema node stands, for what it may say.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// Not inside `allOf`, `anyOf`, `oneOf` or `not`.
+    Outside,
+    /// Inside one.
+    Junctor,
+    /// Directly inside one of a node with `x-kubernetes-int-or-string`, where the API server
+    /// allows `type: integer` and `type: string` (`anyOf: [{type: integer}, {type: string}]`, as
+    /// controller-gen writes it).
+    IntOrString,
+}
+
+fn structural(node: &Value, path: &str, place: Place, problems: &mut Vec<String>) {
     let Some(object) = node.as_object() else {
         problems.push(format!("{path}: a schema must be an object, not `{node}`"));
         return;
@@ -380,7 +394,24 @@ fn structural(node: &Value, path: &str, in_junctor: bool, problems: &mut Vec<Str
     }
     let flag = |name: &str| object.get(name) == Some(&Value::Bool(true));
     let free = flag("x-kubernetes-int-or-string") || flag("x-kubernetes-preserve-unknown-fields");
-    if in_junctor {
+    let type_ = object.get("type");
+    if place == Place::Outside {
+        match type_ {
+            Some(Value::String(t))
+                if matches!(
+                    t.as_str(),
+                    "object" | "array" | "string" | "integer" | "number" | "boolean"
+                ) => {}
+            Some(Value::String(other)) => problems.push(format!("{path}: unknown type `{other}`")),
+            Some(_) => problems.push(format!(
+                "{path}: `type` must be one name, such as \"string\" (nullable: true allows null)"
+            )),
+            None if free => {}
+            None => problems.push(format!(
+                "{path}: no type (a structural schema gives every field one)"
+            )),
+        }
+    } else {
         for field in [
             "type",
             "default",
@@ -388,43 +419,55 @@ fn structural(node: &Value, path: &str, in_junctor: bool, problems: &mut Vec<Str
             "nullable",
             "additionalProperties",
         ] {
-            if object.contains_key(field) {
+            let allowed = field == "type"
+                && place == Place::IntOrString
+                && matches!(type_.and_then(Value::as_str), Some("integer" | "string"));
+            if object.contains_key(field) && !allowed {
                 problems.push(format!(
                     "{path}: `{field}` is not allowed inside allOf, anyOf, oneOf or not"
                 ));
             }
         }
-    } else {
-        match object.get("type").and_then(Value::as_str) {
-            Some("object" | "array" | "string" | "integer" | "number" | "boolean") => {}
-            Some(other) => problems.push(format!("{path}: unknown type `{other}`")),
-            None if free => {}
-            None => problems.push(format!(
-                "{path}: no type (a structural schema gives every field one)"
-            )),
-        }
     }
-    if object.get("type").and_then(Value::as_str) == Some("array") && !object.contains_key("items")
-    {
+    if type_.and_then(Value::as_str) == Some("array") && !object.contains_key("items") {
         problems.push(format!("{path}: an array without `items`"));
     }
-    if object.contains_key("properties") && object.contains_key("additionalProperties") {
+    let has_properties = object
+        .get("properties")
+        .and_then(Value::as_object)
+        .is_some_and(|p| !p.is_empty());
+    if has_properties
+        && object
+            .get("additionalProperties")
+            .is_some_and(|more| *more != Value::Bool(true))
+    {
         problems.push(format!(
-            "{path}: `properties` and `additionalProperties` together"
+            "{path}: `properties` beside an `additionalProperties` other than true"
         ));
     }
+    // Below a junctor, everything is in it; the junctors of this node are below it.
+    let inner = if place == Place::Outside {
+        Place::Outside
+    } else {
+        Place::Junctor
+    };
+    let below = if flag("x-kubernetes-int-or-string") {
+        Place::IntOrString
+    } else {
+        Place::Junctor
+    };
     if let Some(properties) = object.get("properties") {
         match properties.as_object() {
             Some(properties) => {
                 for (name, child) in properties {
-                    structural(child, &format!("{path}.{name}"), in_junctor, problems);
+                    structural(child, &format!("{path}.{name}"), inner, problems);
                 }
             }
             None => problems.push(format!("{path}.properties: not an object")),
         }
     }
     if let Some(items) = object.get("items") {
-        structural(items, &format!("{path}.items"), in_junctor, problems);
+        structural(items, &format!("{path}.items"), inner, problems);
     }
     if let Some(more) = object.get("additionalProperties")
         && !more.is_boolean()
@@ -432,7 +475,7 @@ fn structural(node: &Value, path: &str, in_junctor: bool, problems: &mut Vec<Str
         structural(
             more,
             &format!("{path}.additionalProperties"),
-            in_junctor,
+            inner,
             problems,
         );
     }
@@ -441,7 +484,7 @@ fn structural(node: &Value, path: &str, in_junctor: bool, problems: &mut Vec<Str
             match list.as_array() {
                 Some(list) => {
                     for (i, child) in list.iter().enumerate() {
-                        structural(child, &format!("{path}.{junctor}[{i}]"), true, problems);
+                        structural(child, &format!("{path}.{junctor}[{i}]"), below, problems);
                     }
                 }
                 None => problems.push(format!("{path}.{junctor}: not a list")),
@@ -449,7 +492,7 @@ fn structural(node: &Value, path: &str, in_junctor: bool, problems: &mut Vec<Str
         }
     }
     if let Some(not) = object.get("not") {
-        structural(not, &format!("{path}.not"), true, problems);
+        structural(not, &format!("{path}.not"), below, problems);
     }
 }
 
@@ -501,7 +544,11 @@ mod tests {
             "properties": {
                 "a": { "description": "no type" },
                 "b": { "type": "array" },
-                "c": { "type": "object", "properties": {}, "additionalProperties": { "type": "string" } },
+                "c": { "type": "object", "properties": { "x": { "type": "string" } }, "additionalProperties": { "type": "string" } },
+                "c2": { "type": "object", "properties": { "x": { "type": "string" } }, "additionalProperties": true },
+                "c3": { "type": "object", "properties": {}, "additionalProperties": { "type": "string" } },
+                "e2": { "x-kubernetes-int-or-string": true, "anyOf": [{ "type": "integer" }, { "type": "string" }] },
+                "i": { "type": ["string", "null"] },
                 "d": { "$ref": "#/definitions/x" },
                 "e": { "x-kubernetes-int-or-string": true },
                 "f": { "type": "string", "anyOf": [{ "type": "string" }, { "pattern": "^a" }] },
@@ -520,17 +567,23 @@ mod tests {
         };
         named("spec.a:", "no type");
         named("spec.b:", "without `items`");
-        named("spec.c:", "together");
+        named("spec.c:", "beside an `additionalProperties`");
         named("spec.d:", "`$ref`");
         named("spec.d:", "no type");
         named("spec.f.anyOf[0]:", "`type`");
         named("spec.g:", "unknown type");
         named("spec.h:", "uniqueItems");
-        assert!(
-            !problems.iter().any(|p| p.starts_with("spec.e")),
-            "{problems:#?}"
-        );
-        assert_eq!(problems.len(), 8, "{problems:#?}");
+        named("spec.i:", "must be one name");
+        for fine in ["spec.e", "spec.c2", "spec.c3"] {
+            assert!(
+                !problems
+                    .iter()
+                    .any(|p| p.starts_with(&format!("{fine}:"))
+                        || p.starts_with(&format!("{fine}."))),
+                "{fine}: {problems:#?}"
+            );
+        }
+        assert_eq!(problems.len(), 9, "{problems:#?}");
     }
 
     use super::*;

@@ -195,6 +195,12 @@ impl Registry {
         let index = self.plugins.len();
         for k in &plugin.info().kinds {
             let key = (k.group.clone(), k.kind.clone());
+            if self.kinds.get(&key) == Some(&index) {
+                return Err(Error::Load {
+                    plugin: plugin.source().to_owned(),
+                    reason: format!("describes {}.{} twice", k.kind, k.group),
+                });
+            }
             if let Some(&previous) = self.kinds.get(&key) {
                 let other = &self.plugins[previous];
                 if from_file && other.source().starts_with("built-in") {

@@ -75,11 +75,19 @@ pub struct Anatomy {
 }
 
 impl Anatomy {
-    /// The version of the contract it exports (`1.0.0`), if it exports the reconciler.
+    /// The version of the contract it exports (`1.0.0`): the one of this host's major version
+    /// when it exports several, else the first.
     pub fn contract(&self) -> Option<&str> {
-        self.exports
-            .iter()
-            .find_map(|e| e.strip_prefix(INTERFACE).and_then(|v| v.strip_prefix('@')))
+        let versions = || {
+            self.exports
+                .iter()
+                .filter_map(|e| e.strip_prefix(INTERFACE).and_then(|v| v.strip_prefix('@')))
+        };
+        versions()
+            .find(|v| {
+                v.split('.').next().and_then(|m| m.parse::<u64>().ok()) == Some(PACKAGE_MAJOR)
+            })
+            .or_else(|| versions().next())
     }
 }
 
@@ -93,6 +101,8 @@ pub enum Step {
     Contract,
     /// It imports nothing the sandbox does not give.
     Imports,
+    /// Its exports have the contract's types (checked once its imports are linked).
+    Types,
     /// Its `describe` returns a valid description.
     Describe,
 }
@@ -258,7 +268,7 @@ impl Runtime {
         })?;
         let pre = bindings::PluginPre::new(instance_pre).map_err(|e| {
             fail(
-                Step::Contract,
+                Step::Types,
                 format!("does not match the plugin world: {e:#}"),
             )
         })?;

@@ -78,6 +78,11 @@ fn hostile_example(dir: &Path, mode: &str) -> String {
 #[test]
 fn the_built_in_plugins_pass_with_their_examples() {
     let dir = tempfile::tempdir().unwrap();
+    assert_eq!(
+        host::plugin::BUILTINS.len(),
+        3,
+        "an example for each built-in plugin"
+    );
     for (builtin, example) in host::plugin::BUILTINS.iter().zip([
         "examples/service.yaml",
         "examples/datastore.yaml",
@@ -133,7 +138,7 @@ fn each_defect_of_the_hostile_guest_fails_its_check() {
             "PluginMemoryExceeded: plugin hostile: tried to grow its memory",
         ),
         ("huge-output", "over the cap of 4194304 bytes"),
-        ("many-manifests", "manifests"),
+        ("many-manifests", "manifests, over the cap of 1000"),
         (
             "other-namespace",
             "may only write to the resource's own namespace `app`",
@@ -199,16 +204,14 @@ fn a_plugin_that_does_not_load_fails_at_the_step_that_broke() {
         assert_eq!(finding(&report, check).0, "skip", "{check}: {report:#}");
     }
 
-    // Two memories, each under the cap, together over it.
+    // Two memories, each under the cap, together over it: refused when `describe` runs.
     let (code, report) = check_json(&[test_guests::SEVERAL_MEMORIES]);
     assert_eq!(code, 1, "{report:#}");
+    let (outcome, detail) = finding(&report, "describe");
+    assert_eq!(outcome, "fail", "{report:#}");
     assert!(
-        report["findings"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|f| f["outcome"] == "fail"),
-        "{report:#}"
+        detail.contains("all its linear memories together"),
+        "{detail}"
     );
 
     // Not a component at all.
