@@ -157,33 +157,22 @@ fn repo_root() -> PathBuf {
 /// The directory with the control-plane binaries: `$KUBE_BIN_DIR`, else what
 /// `scripts/control-plane` prints (it builds them the first time).
 pub fn binaries() -> Result<PathBuf> {
-    if let Some(dir) = std::env::var_os("KUBE_BIN_DIR") {
-        return Ok(PathBuf::from(dir));
-    }
-    let script = repo_root().join("scripts/control-plane");
-    let out = Command::new(&script)
-        .stderr(Stdio::inherit())
-        .output()
-        .map_err(io(format!("running {}", script.display())))?;
-    if !out.status.success() {
-        return Err(Error::Binaries(format!(
-            "{} failed ({})",
-            script.display(),
-            out.status
-        )));
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let dir = text.lines().last().unwrap_or_default().trim();
-    Ok(PathBuf::from(dir))
+    built("KUBE_BIN_DIR", "scripts/control-plane")
 }
 
 /// The `helm` binary: `$HELM`, else what `scripts/helm` prints (it builds Helm v4 from the Go
 /// module proxy the first time, and caches it).
 pub fn helm() -> Result<PathBuf> {
-    if let Some(path) = std::env::var_os("HELM") {
+    built("HELM", "scripts/helm")
+}
+
+/// The path in `$variable`, else the last line `script` (a builder that caches what it builds)
+/// prints.
+fn built(variable: &str, script: &str) -> Result<PathBuf> {
+    if let Some(path) = std::env::var_os(variable) {
         return Ok(PathBuf::from(path));
     }
-    let script = repo_root().join("scripts/helm");
+    let script = repo_root().join(script);
     let out = Command::new(&script)
         .stderr(Stdio::inherit())
         .output()
