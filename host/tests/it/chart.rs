@@ -32,14 +32,7 @@ fn helm(args: &[&str]) -> Output {
 }
 
 fn helm_ok(args: &[&str]) -> String {
-    let out = helm(args);
-    assert!(
-        out.status.success(),
-        "helm {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    crate::support::succeeded(&format!("helm {args:?}"), helm(args))
 }
 
 fn host_ok(args: &[&str]) -> String {

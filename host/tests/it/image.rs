@@ -32,14 +32,7 @@ fn podman(args: &[&str]) -> Output {
 }
 
 fn podman_ok(args: &[&str]) -> String {
-    let out = podman(args);
-    assert!(
-        out.status.success(),
-        "podman {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    crate::support::succeeded(&format!("podman {args:?}"), podman(args))
 }
 
 /// Removes the container however the test ends.

@@ -72,3 +72,14 @@ pub fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
         .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
         .unwrap_or_else(|| panic!("no {kind} {name} among {} objects", objects.len()))
 }
+
+/// The stdout of a command that `what` names, asserting that it succeeded (else both streams).
+pub fn succeeded(what: &str, out: std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "{what}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
