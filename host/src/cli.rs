@@ -13,7 +13,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::documents::{self, Format};
 use crate::error::Error;
 use crate::plugin::{Cache, Limits, Runtime, default_cache_dir};
-use crate::registry::Registry;
+use crate::registry::{Registry, Source};
 use crate::types::Context;
 
 /// What `host --version` prints: the host's version, the wasmtime it embeds, the contract
@@ -72,11 +72,72 @@ pub enum Command {
     /// schemas, and each example rendered within the sandbox's limits, purely. Exit 0 when every
     /// check passes, 1 when one fails, 2 when the checks could not run.
     Check(CheckArgs),
+    /// Push a plugin to an OCI registry as a Wasm artifact (config
+    /// application/vnd.wasm.config.v0+json, one application/wasm layer); prints the reference
+    /// pinned to its digest.
+    Push(PushArgs),
+    /// Pull a plugin from an OCI registry, checked against its digests; prints the reference
+    /// pinned to its digest.
+    Pull(PullArgs),
+    /// Say what a plugin is: its Kinds, the child kinds it may emit, its contract, digest, size,
+    /// imports and exports; from a file or a registry.
+    Inspect(InspectArgs),
     /// A demo with nothing to install: a Kubernetes control plane of its own (kwok simulates the
     /// pods), the CRDs, the operator, the examples applied, and a live table of each going to
     /// Ready. Ctrl-C tears it all down.
     #[cfg(feature = "dev")]
     Dev(DevArgs),
+}
+
+/// `host push`.
+#[derive(Debug, Args)]
+pub struct PushArgs {
+    /// The context the plugin is described under before it is pushed.
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
+    /// How registries are reached.
+    #[command(flatten)]
+    pub registries: RegistryArgs,
+    /// The plugin component.
+    #[arg(value_name = "FILE.wasm")]
+    pub file: PathBuf,
+    /// Where to: `[oci://]REGISTRY/REPOSITORY[:TAG]` (the tag defaults to latest).
+    #[arg(value_name = "REF")]
+    pub reference: String,
+}
+
+/// `host pull`.
+#[derive(Debug, Args)]
+pub struct PullArgs {
+    /// How registries are reached.
+    #[command(flatten)]
+    pub registries: RegistryArgs,
+    /// Refuse a reference that names a tag and no digest.
+    #[arg(long)]
+    pub require_digest: bool,
+    /// Where to write the component (default: the repository's last name, with .wasm).
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// What to pull: `[oci://]REGISTRY/REPOSITORY[:TAG][@sha256:DIGEST]`.
+    #[arg(value_name = "REF")]
+    pub reference: String,
+}
+
+/// `host inspect`.
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    /// The context the plugin is described under.
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
+    /// How registries are reached.
+    #[command(flatten)]
+    pub registries: RegistryArgs,
+    /// Report format.
+    #[arg(short, long, value_enum, default_value_t = ReportFormat::Text)]
+    pub output: ReportFormat,
+    /// A file, or a reference (`oci://...`).
+    #[arg(value_name = "FILE|REF")]
+    pub plugin: String,
 }
 
 /// `host dev`.
@@ -100,9 +161,11 @@ pub struct RunArgs {
     /// Plugins and limits.
     #[command(flatten)]
     pub plugins: PluginArgs,
-    /// Watch only this namespace (default: all).
-    #[arg(long, env = "WATCH_NAMESPACE")]
-    pub namespace: Option<String>,
+    /// Watch only these namespaces: repeat the flag or separate them with commas (default:
+    /// every namespace). Each is watched on its own, so the operator needs rights in these
+    /// namespaces only (`host rbac --watch-namespace`).
+    #[arg(long = "namespace", env = "WATCH_NAMESPACE", value_delimiter = ',', value_parser = parse_namespace, value_name = "NS")]
+    pub namespaces: Vec<String>,
     /// Where /healthz, /readyz and /metrics are served.
     #[arg(long, default_value = "0.0.0.0:8080")]
     pub metrics_addr: std::net::SocketAddr,
@@ -141,28 +204,105 @@ pub struct RunArgs {
 /// Which plugins to load and how to run them.
 #[derive(Debug, Clone, Args)]
 pub struct PluginArgs {
-    /// A plugin component to load after the built-in ones; it replaces them for the Kinds it
-    /// serves. Repeatable.
-    #[arg(long = "plugin", value_name = "FILE.wasm")]
-    pub plugins: Vec<PathBuf>,
+    /// A plugin component to load after the built-in ones: a file, or a reference to a registry
+    /// (`oci://REGISTRY/REPOSITORY@sha256:DIGEST`, or a tag, resolved once). It replaces the
+    /// built-in plugins for the Kinds it serves. Repeatable.
+    #[arg(long = "plugin", value_name = "FILE.wasm|oci://REF")]
+    pub plugins: Vec<String>,
+    /// Refuse `--plugin` references that name a tag and no digest: a tag can be moved.
+    #[arg(long)]
+    pub require_digest: bool,
     /// Do not load the built-in plugins.
     #[arg(long)]
     pub no_builtins: bool,
     /// The context and limits of every plugin call.
     #[command(flatten)]
     pub sandbox: SandboxArgs,
+    /// How registries are reached.
+    #[command(flatten)]
+    pub registries: RegistryArgs,
 }
 
 impl PluginArgs {
-    /// Sets up the runtime and loads the plugins.
+    /// Sets up the runtime and loads the plugins, pulling those named by reference (or taking
+    /// them from the store of pulled plugins, when they are there by digest).
     pub fn registry(&self) -> Result<Registry, Error> {
         let runtime = self.sandbox.runtime()?;
-        Registry::load(
+        let mut sources = Vec::new();
+        for plugin in &self.plugins {
+            let Some(_) = plugin.strip_prefix(crate::oci::SCHEME) else {
+                sources.push(Source::File(PathBuf::from(plugin)));
+                continue;
+            };
+            let reference = crate::oci::Reference::parse(plugin)?;
+            let options = self.registries.options()?;
+            let store = self.sandbox.store();
+            let pulled = crate::publish::block_on(crate::oci::pull(
+                &reference,
+                &options,
+                store.as_ref(),
+                self.require_digest,
+            ))??;
+            let name = format!("{}{}", crate::oci::SCHEME, pulled.reference);
+            if reference.digest.is_none() {
+                // A tag is resolved once; from here on the digest is what is served.
+                eprintln!("host: {plugin} is {name}");
+            }
+            tracing::info!(plugin = %name, from_store = pulled.cached, "plugin pulled and checked against its digest");
+            sources.push(Source::Wasm {
+                name,
+                wasm: pulled.wasm,
+            });
+        }
+        Registry::load_sources(
             &runtime,
             self.sandbox.context(),
             !self.no_builtins,
-            &self.plugins,
+            &sources,
         )
+    }
+}
+
+/// How registries are reached: credentials, certificates, plain HTTP.
+#[derive(Debug, Clone, Args)]
+pub struct RegistryArgs {
+    /// A Docker config JSON with registry credentials (`auths`), such as a mounted Secret of
+    /// type kubernetes.io/dockerconfigjson (default: $DOCKER_CONFIG/config.json, else
+    /// ~/.docker/config.json, when there is one).
+    #[arg(long, value_name = "FILE", env = "REGISTRY_CONFIG")]
+    pub registry_config: Option<PathBuf>,
+    /// PEM CA certificates to trust for registries, besides the system's.
+    #[arg(long, value_name = "FILE", env = "REGISTRY_CA")]
+    pub registry_ca: Option<PathBuf>,
+    /// Speak plain HTTP to every registry. Without it, only a loopback registry that does not
+    /// speak TLS is spoken to over HTTP.
+    #[arg(long)]
+    pub plain_http: bool,
+    /// How long one registry request may take, such as 30s.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub registry_timeout: Duration,
+}
+
+impl RegistryArgs {
+    /// The client options these flags say.
+    pub fn options(&self) -> Result<crate::oci::Options, Error> {
+        let default = || {
+            std::env::var_os("DOCKER_CONFIG")
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".docker")))
+                .map(|d| d.join("config.json"))
+                .filter(|p| p.is_file())
+        };
+        let credentials = match self.registry_config.clone().or_else(default) {
+            Some(path) => crate::oci::Credentials::from_file(&path)?,
+            None => crate::oci::Credentials::default(),
+        };
+        Ok(crate::oci::Options {
+            ca_file: self.registry_ca.clone(),
+            plain_http: self.plain_http,
+            credentials,
+            timeout: self.registry_timeout,
+        })
     }
 }
 
@@ -216,6 +356,16 @@ impl SandboxArgs {
         }
     }
 
+    /// Where pulled plugins are kept by digest: beside the compiled ones (none with
+    /// `--no-cache`).
+    pub fn store(&self) -> Option<crate::oci::Store> {
+        if self.no_cache {
+            return None;
+        }
+        let dir = self.cache_dir.clone().or_else(default_cache_dir)?;
+        Some(crate::oci::Store::new(dir.join("oci")))
+    }
+
     /// The runtime, with the compile cache unless `--no-cache`.
     pub fn runtime(&self) -> Result<Runtime, Error> {
         let cache = if self.no_cache {
@@ -248,11 +398,27 @@ pub struct RbacArgs {
     #[command(flatten)]
     pub plugins: PluginArgs,
     /// The namespace of the operator's ServiceAccount and Lease.
-    #[arg(long, default_value = "wasm-operator")]
+    #[arg(long, default_value = "wasm-operator", value_parser = parse_namespace)]
     pub namespace: String,
     /// The name of the ServiceAccount, the roles and their bindings.
     #[arg(long, default_value = "wasm-operator")]
     pub name: String,
+    /// The namespaces `host run --namespace` watches: the ClusterRole is then bound in each of
+    /// them (a RoleBinding) instead of cluster-wide. Repeat the flag or separate with commas.
+    #[arg(long = "watch-namespace", value_delimiter = ',', value_parser = parse_namespace, value_name = "NS")]
+    pub watch_namespaces: Vec<String>,
+}
+
+/// A namespace name given on the command line.
+fn parse_namespace(s: &str) -> Result<String, String> {
+    if documents::is_namespace(s) {
+        Ok(s.to_owned())
+    } else {
+        Err(format!(
+            "`{s}` is not a valid namespace: use at most 63 lower-case letters, digits and '-', \
+             starting and ending with a letter or digit"
+        ))
+    }
 }
 
 /// `host check`.
@@ -361,6 +527,9 @@ impl Cli {
             Command::Rbac(args) => rbac(&args),
             Command::Run(args) => run(&args),
             Command::Check(args) => check(&args),
+            Command::Push(args) => push(&args),
+            Command::Pull(args) => pull(&args),
+            Command::Inspect(args) => inspect(&args),
             #[cfg(feature = "dev")]
             Command::Dev(args) => dev(&args),
         };
@@ -509,7 +678,7 @@ fn run(args: &RunArgs) -> Result<ExitCode, Error> {
     // Past the deadline, the sandbox has stopped the call; the margin covers a starved CPU.
     let render_wait = args.plugins.sandbox.plugin_timeout * 2 + Duration::from_secs(5);
     let settings = crate::operator::Settings {
-        namespace: args.namespace.clone(),
+        namespaces: args.namespaces.clone(),
         metrics_addr: args.metrics_addr,
         leader_election: args.leader_elect,
         lease_namespace: args.lease_namespace.clone(),
@@ -594,6 +763,7 @@ fn rbac(args: &RbacArgs) -> Result<ExitCode, Error> {
     let target = crate::rbac::Target {
         namespace: args.namespace.clone(),
         name: args.name.clone(),
+        watch_namespaces: args.watch_namespaces.clone(),
     };
     let mut text = String::from(
         "# What `host run` needs for these plugins, and nothing more (generated by `host rbac`).\n",
@@ -603,6 +773,65 @@ fn rbac(args: &RbacArgs) -> Result<ExitCode, Error> {
         Format::Yaml,
     )?);
     emit(&text)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn push(args: &PushArgs) -> Result<ExitCode, Error> {
+    let reference = crate::oci::Reference::parse(&args.reference)?;
+    let runtime = args.sandbox.runtime()?;
+    let pushed = crate::publish::push(
+        &runtime,
+        &args.sandbox.context(),
+        &args.file,
+        &reference,
+        &args.registries.options()?,
+    )?;
+    emit(&format!("{}{pushed}\n", crate::oci::SCHEME))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn pull(args: &PullArgs) -> Result<ExitCode, Error> {
+    let reference = crate::oci::Reference::parse(&args.reference)?;
+    let pulled = crate::publish::block_on(crate::oci::pull(
+        &reference,
+        &args.registries.options()?,
+        None,
+        args.require_digest,
+    ))??;
+    let path = args.output.clone().unwrap_or_else(|| {
+        let name = reference.repository.rsplit('/').next().unwrap_or("plugin");
+        PathBuf::from(format!("{name}.wasm"))
+    });
+    std::fs::write(&path, &pulled.wasm)
+        .map_err(|e| Error::Output(format!("{}: {e}", path.display())))?;
+    eprintln!(
+        "host: pulled {} ({} bytes, {}) to {}",
+        pulled.reference,
+        pulled.wasm.len(),
+        pulled.media_type,
+        path.display()
+    );
+    emit(&format!("{}{}\n", crate::oci::SCHEME, pulled.reference))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn inspect(args: &InspectArgs) -> Result<ExitCode, Error> {
+    let subject = crate::publish::Subject::parse(&args.plugin)?;
+    let runtime = args.sandbox.runtime()?;
+    let report = crate::publish::inspect(
+        &runtime,
+        &args.sandbox.context(),
+        &subject,
+        &args.registries.options()?,
+        args.sandbox.store().as_ref(),
+    )?;
+    match args.output {
+        ReportFormat::Text => emit(&crate::publish::text(&report))?,
+        ReportFormat::Json => emit(&format!(
+            "{}\n",
+            serde_json::to_string_pretty(&report).map_err(|e| Error::Output(e.to_string()))?
+        ))?,
+    }
     Ok(ExitCode::SUCCESS)
 }
 

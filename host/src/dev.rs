@@ -64,7 +64,30 @@ pub fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     let started = Instant::now();
-    let render_wait = options.render_wait;
+    // The runtime and the signal handlers come first, so that a Ctrl-C during start-up tears
+    // down what has started (the control plane) instead of killing the process in the middle.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Step(format!("cannot start the async runtime: {e}")))?;
+    let mut shutdown = Box::pin(shutdown);
+    // One poll installs the handlers (tokio installs a signal's handler on first use).
+    let early = runtime.block_on(futures::future::poll_immediate(&mut shutdown));
+    let (stopping_tx, stopping) = tokio::sync::watch::channel(early.is_some());
+    if early.is_none() {
+        runtime.spawn(async move {
+            shutdown.await;
+            let _ = stopping_tx.send(true);
+        });
+    }
+    let interrupted = || -> Result<(), Error> {
+        if *stopping.borrow() {
+            Err(Error::Step("interrupted during start-up".into()))
+        } else {
+            Ok(())
+        }
+    };
     let say = |text: &str| eprintln!("host dev: {text} ({}s)", started.elapsed().as_secs());
     say(
         "kwok simulates the nodes and pods: they are scheduled and reported Running and Ready, \
@@ -76,122 +99,18 @@ pub fn run(
     );
     let rows = examples(&registry, &options.examples)?;
     say("starting the control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok)");
+    interrupted()?;
     let cp = testenv::ControlPlane::start().map_err(Error::ControlPlane)?;
     let kubeconfig = cp.kubeconfig().display().to_string();
-    say(&format!("the control plane is up at {}", cp.server()));
-    eprintln!("\n    export KUBECONFIG={kubeconfig}    # to use it with kubectl\n");
-
-    say("installing the CRDs of the plugins' Kinds");
-    let crds = documents::write(&crate::crd::crds(&registry)?, Format::Yaml)?;
-    let crds_file = cp.dir().join("crds.yaml");
-    std::fs::write(&crds_file, crds)
-        .map_err(|e| Error::Step(format!("writing {}: {e}", crds_file.display())))?;
-    kubectl(
-        &cp,
-        &[
-            "apply",
-            "--server-side",
-            "-f",
-            &crds_file.display().to_string(),
-        ],
-    )?;
-    kubectl(
-        &cp,
-        &[
-            "wait",
-            "--for=condition=Established",
-            "crd",
-            "--all",
-            "--timeout=60s",
-        ],
-    )?;
-
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| Error::Step(format!("cannot start the async runtime: {e}")))?;
-    let result = runtime.block_on(async {
-        let client = cp
-            .client()
-            .await
-            .map_err(|e| Error::Step(format!("a client for the control plane: {e}")))?;
-        let metrics_port = testenv::free_port().map_err(Error::ControlPlane)?;
-        let settings = crate::operator::Settings {
-            namespace: None,
-            metrics_addr: std::net::SocketAddr::from(([127, 0, 0, 1], metrics_port)),
-            leader_election: false,
-            lease_namespace: "default".into(),
-            lease_name: "wasm-operator".into(),
-            identity: "host-dev".into(),
-            concurrency: 16,
-            max_writes_in_flight: 16,
-            render_wait,
-            unready_after: Duration::from_secs(30),
-            stuck_after: crate::operator::Settings::default_stuck_after(render_wait),
-        };
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        say(&format!(
-            "running the operator (metrics on http://127.0.0.1:{metrics_port}/metrics)"
-        ));
-        let mut operator = tokio::spawn(crate::operator::run(
-            client.clone(),
+    let result = start_up(&cp, &registry, &interrupted, started).and_then(|()| {
+        runtime.block_on(operate(
+            &cp,
             registry,
-            settings,
-            async {
-                let _ = stop_rx.await;
-            },
-        ));
-
-        say(&format!("applying {}", options.examples.join(" ")));
-        apply_examples(&cp, &rows, &options.examples)?;
-
-        let mut shutdown = std::pin::pin!(shutdown);
-        let mut table = Table::new(std::io::stdout().is_terminal());
-        let mut all_ready_at: Option<Duration> = None;
-        loop {
-            provision_volumes(&client).await;
-            let statuses = statuses(&client, &rows).await;
-            table.show(&statuses);
-            if all_ready_at.is_none() && statuses.iter().all(|s| s.ready == "True") {
-                let at = started.elapsed();
-                all_ready_at = Some(at);
-                println!(
-                    "\nAll {} resources are Ready ({} s). Look around with kubectl:\n\n    \
-                     export KUBECONFIG={kubeconfig}\n    kubectl get {} -A\n\nCtrl-C stops {}.",
-                    rows.len(),
-                    at.as_secs(),
-                    kinds(&rows),
-                    if options.keep {
-                        "the operator and leaves the control plane running"
-                    } else {
-                        "the operator and the control plane"
-                    }
-                );
-                let _ = std::io::stdout().flush();
-                table.reset();
-            }
-            tokio::select! {
-                () = &mut shutdown => break,
-                // The operator stopped on its own (it could not serve its metrics, say): the
-                // table would never move again.
-                ended = &mut operator => {
-                    return Err(match ended {
-                        Ok(Ok(())) => Error::Step("the operator stopped by itself".into()),
-                        Ok(Err(e)) => Error::Step(format!("the operator failed: {e}")),
-                        Err(e) => Error::Step(format!("the operator's task: {e}")),
-                    });
-                }
-                () = tokio::time::sleep(Duration::from_millis(500)) => {}
-            }
-        }
-        say("stopping the operator");
-        let _ = stop_tx.send(());
-        match operator.await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(Error::Step(format!("the operator failed: {e}"))),
-            Err(e) => Err(Error::Step(format!("the operator's task: {e}"))),
-        }
+            options,
+            rows,
+            stopping.clone(),
+            started,
+        ))
     });
     runtime.shutdown_timeout(Duration::from_secs(5));
     if options.keep {
@@ -205,6 +124,145 @@ pub fn run(
         say("the control plane is stopped and its files removed");
     }
     result
+}
+
+/// Installs the CRDs on the new control plane, unless interrupted first.
+fn start_up(
+    cp: &testenv::ControlPlane,
+    registry: &Registry,
+    interrupted: &dyn Fn() -> Result<(), Error>,
+    started: Instant,
+) -> Result<(), Error> {
+    let say = |text: &str| eprintln!("host dev: {text} ({}s)", started.elapsed().as_secs());
+    let kubeconfig = cp.kubeconfig().display().to_string();
+    say(&format!("the control plane is up at {}", cp.server()));
+    eprintln!("\n    export KUBECONFIG={kubeconfig}    # to use it with kubectl\n");
+
+    interrupted()?;
+    say("installing the CRDs of the plugins' Kinds");
+    let crds = documents::write(&crate::crd::crds(registry)?, Format::Yaml)?;
+    let crds_file = cp.dir().join("crds.yaml");
+    std::fs::write(&crds_file, crds)
+        .map_err(|e| Error::Step(format!("writing {}: {e}", crds_file.display())))?;
+    kubectl(
+        cp,
+        &[
+            "apply",
+            "--server-side",
+            "-f",
+            &crds_file.display().to_string(),
+        ],
+    )?;
+    kubectl(
+        cp,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "crd",
+            "--all",
+            "--timeout=60s",
+        ],
+    )?;
+
+    Ok(())
+}
+
+/// Runs the operator on the control plane, applies the examples and shows their table until
+/// `stopping` turns true.
+async fn operate(
+    cp: &testenv::ControlPlane,
+    registry: Registry,
+    options: &Options,
+    rows: Vec<Row>,
+    mut stopping: tokio::sync::watch::Receiver<bool>,
+    started: Instant,
+) -> Result<(), Error> {
+    let render_wait = options.render_wait;
+    let say = |text: &str| eprintln!("host dev: {text} ({}s)", started.elapsed().as_secs());
+    let kubeconfig = cp.kubeconfig().display().to_string();
+
+    let client = cp
+        .client()
+        .await
+        .map_err(|e| Error::Step(format!("a client for the control plane: {e}")))?;
+    let metrics_port = testenv::free_port().map_err(Error::ControlPlane)?;
+    let settings = crate::operator::Settings {
+        namespaces: Vec::new(),
+        metrics_addr: std::net::SocketAddr::from(([127, 0, 0, 1], metrics_port)),
+        leader_election: false,
+        lease_namespace: "default".into(),
+        lease_name: "wasm-operator".into(),
+        identity: "host-dev".into(),
+        concurrency: 16,
+        max_writes_in_flight: 16,
+        render_wait,
+        unready_after: Duration::from_secs(30),
+        stuck_after: crate::operator::Settings::default_stuck_after(render_wait),
+    };
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    say(&format!(
+        "running the operator (metrics on http://127.0.0.1:{metrics_port}/metrics)"
+    ));
+    let mut operator = tokio::spawn(crate::operator::run(
+        client.clone(),
+        registry,
+        settings,
+        async {
+            let _ = stop_rx.await;
+        },
+    ));
+
+    say(&format!("applying {}", options.examples.join(" ")));
+    apply_examples(cp, &rows, &options.examples)?;
+
+    let mut shutdown = std::pin::pin!(async move {
+        let _ = stopping.wait_for(|s| *s).await;
+    });
+    let mut table = Table::new(std::io::stdout().is_terminal());
+    let mut all_ready_at: Option<Duration> = None;
+    loop {
+        provision_volumes(&client).await;
+        let statuses = statuses(&client, &rows).await;
+        table.show(&statuses);
+        if all_ready_at.is_none() && statuses.iter().all(|s| s.ready == "True") {
+            let at = started.elapsed();
+            all_ready_at = Some(at);
+            println!(
+                "\nAll {} resources are Ready ({} s). Look around with kubectl:\n\n    \
+                 export KUBECONFIG={kubeconfig}\n    kubectl get {} -A\n\nCtrl-C stops {}.",
+                rows.len(),
+                at.as_secs(),
+                kinds(&rows),
+                if options.keep {
+                    "the operator and leaves the control plane running"
+                } else {
+                    "the operator and the control plane"
+                }
+            );
+            let _ = std::io::stdout().flush();
+            table.reset();
+        }
+        tokio::select! {
+            () = &mut shutdown => break,
+            // The operator stopped on its own (it could not serve its metrics, say): the
+            // table would never move again.
+            ended = &mut operator => {
+                return Err(match ended {
+                    Ok(Ok(())) => Error::Step("the operator stopped by itself".into()),
+                    Ok(Err(e)) => Error::Step(format!("the operator failed: {e}")),
+                    Err(e) => Error::Step(format!("the operator's task: {e}")),
+                });
+            }
+            () = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+    }
+    say("stopping the operator");
+    let _ = stop_tx.send(());
+    match operator.await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(Error::Step(format!("the operator failed: {e}"))),
+        Err(e) => Err(Error::Step(format!("the operator's task: {e}"))),
+    }
 }
 
 /// Binds every pending claim to a volume of its own, as a storage provisioner would: a hostPath

@@ -249,7 +249,7 @@ pub fn resource(value: &Value) -> std::result::Result<Resource, String> {
 }
 
 /// A namespace name: a DNS-1123 label.
-fn is_namespace(s: &str) -> bool {
+pub(crate) fn is_namespace(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
         && s.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())

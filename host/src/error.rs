@@ -220,6 +220,9 @@ pub enum Error {
     /// Output could not be written.
     #[error("cannot write output: {0}")]
     Output(String),
+    /// A plugin could not be pushed to or pulled from its registry.
+    #[error(transparent)]
+    Oci(#[from] crate::oci::Error),
 }
 
 /// The host's result.

@@ -16,6 +16,9 @@ pub struct Target {
     pub namespace: String,
     /// The name of the ServiceAccount, the roles and their bindings.
     pub name: String,
+    /// The namespaces the operator watches (`host run --namespace`): the ClusterRole is bound
+    /// in each of them by a RoleBinding. Empty: bound cluster-wide by a ClusterRoleBinding.
+    pub watch_namespaces: Vec<String>,
 }
 
 /// The resource name of a kind, as Kubernetes guesses it when nothing says otherwise
@@ -36,7 +39,8 @@ const MANAGE: [&str; 7] = [
     "get", "list", "watch", "create", "update", "patch", "delete",
 ];
 
-/// The ServiceAccount, ClusterRole, ClusterRoleBinding, and the Lease's Role and RoleBinding.
+/// The ServiceAccount, the ClusterRole and its binding (cluster-wide, or in each watched
+/// namespace), and the Lease's Role and RoleBinding.
 pub fn objects(registry: &Registry, target: &Target) -> Vec<Value> {
     let mut served: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for (_, kind) in registry.kinds() {
@@ -75,7 +79,9 @@ pub fn objects(registry: &Registry, target: &Target) -> Vec<Value> {
     let (ns, name) = (&target.namespace, &target.name);
     let subject = json!([{ "kind": "ServiceAccount", "name": name, "namespace": ns }]);
     let lease_role = format!("{name}-leader-election");
-    vec![
+    let role_ref =
+        json!({ "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name });
+    let mut objects = vec![
         json!({
             "apiVersion": "v1",
             "kind": "ServiceAccount",
@@ -87,13 +93,28 @@ pub fn objects(registry: &Registry, target: &Target) -> Vec<Value> {
             "metadata": { "name": name },
             "rules": rules,
         }),
-        json!({
+    ];
+    let watched: BTreeSet<&String> = target.watch_namespaces.iter().collect();
+    if watched.is_empty() {
+        objects.push(json!({
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "ClusterRoleBinding",
             "metadata": { "name": name },
-            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name },
+            "roleRef": role_ref,
             "subjects": subject,
-        }),
+        }));
+    }
+    // Watching some namespaces only, the operator lists and writes in those alone.
+    for watched in watched {
+        objects.push(json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": { "name": name, "namespace": watched },
+            "roleRef": role_ref,
+            "subjects": subject,
+        }));
+    }
+    objects.extend([
         json!({
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
@@ -111,7 +132,8 @@ pub fn objects(registry: &Registry, target: &Target) -> Vec<Value> {
             "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": lease_role },
             "subjects": subject,
         }),
-    ]
+    ]);
+    objects
 }
 
 #[cfg(test)]

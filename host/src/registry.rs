@@ -133,6 +133,20 @@ impl RenderError {
     }
 }
 
+/// Where a plugin given on the command line comes from.
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// A file.
+    File(PathBuf),
+    /// Bytes already read: a plugin pulled from a registry, named by its pinned reference.
+    Wasm {
+        /// What errors and logs call it (`oci://registry/repository@sha256:...`).
+        name: String,
+        /// The component.
+        wasm: Vec<u8>,
+    },
+}
+
 /// The loaded plugins and the Kinds they serve.
 #[derive(Debug)]
 pub struct Registry {
@@ -168,6 +182,26 @@ impl Registry {
         }
         for path in extra {
             let plugin = runtime.load_file(path, &registry.ctx)?;
+            registry.add(plugin, true)?;
+        }
+        Ok(registry)
+    }
+
+    /// As [`Registry::load`], with plugins from files or already in memory (pulled from a
+    /// registry), in the order given: a later one replaces an earlier one for the Kinds it
+    /// serves.
+    pub fn load_sources(
+        runtime: &Runtime,
+        ctx: Context,
+        builtins: bool,
+        sources: &[Source],
+    ) -> Result<Self> {
+        let mut registry = Self::load(runtime, ctx, builtins, &[])?;
+        for source in sources {
+            let plugin = match source {
+                Source::File(path) => runtime.load_file(path, &registry.ctx)?,
+                Source::Wasm { name, wasm } => runtime.load(wasm, name, &registry.ctx)?,
+            };
             registry.add(plugin, true)?;
         }
         Ok(registry)

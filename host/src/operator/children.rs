@@ -20,9 +20,7 @@ use kube::discovery::ApiResource;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 
-use super::{
-    FirstList, FirstListDone, LiveChild, OWNER_LABEL, Settings, Shared, lock, watch_health,
-};
+use super::{FirstList, FirstListDone, LiveChild, OWNER_LABEL, Shared, lock, watch_health};
 use crate::registry::split_api_version;
 
 /// A child kind's key: `group/Kind`. Versions of one kind are one set of objects, so the
@@ -223,12 +221,13 @@ impl OwnerIndex {
         }
     }
 
-    /// Forgets every child of one kind (before a relist of it).
-    pub(crate) fn clear_kind(&mut self, kind_key: &str) {
+    /// Forgets every child of one kind in `namespace` (`None`: in every namespace), before a
+    /// relist of its watch.
+    pub(crate) fn clear_kind(&mut self, kind_key: &str, namespace: Option<&str>) {
         let gone: Vec<ChildId> = self
             .owner_of
             .keys()
-            .filter(|(k, _, _)| k == kind_key)
+            .filter(|(k, ns, _)| k == kind_key && namespace.is_none_or(|n| n == ns))
             .cloned()
             .collect();
         for child in &gone {
@@ -266,18 +265,27 @@ impl Waiting {
     }
 }
 
-/// Each served Kind's controller by `apiVersion/Kind`: its discovered resource and its trigger.
-pub(crate) type Owners =
-    Arc<Mutex<BTreeMap<String, (ApiResource, mpsc::UnboundedSender<ObjectRef<DynamicObject>>)>>>;
+/// A controller's trigger: send a resource to reconcile it.
+pub(crate) type Trigger = mpsc::UnboundedSender<ObjectRef<DynamicObject>>;
 
-/// A child kind to watch: its kind key, the resource (one of its versions), the store to fill,
-/// and what says when it has listed.
-pub(crate) type Writer = (
-    String,
-    ApiResource,
-    reflector::store::Writer<LiveChild>,
-    FirstList,
-);
+/// Each served Kind's controllers by `apiVersion/Kind`: its discovered resource, and the
+/// trigger of each controller with the namespace it watches (`None`: all of them).
+pub(crate) type Owners =
+    Arc<Mutex<BTreeMap<String, (ApiResource, Vec<(Option<String>, Trigger)>)>>>;
+
+/// A watch of a child kind to start.
+pub(crate) struct Writer {
+    /// Its kind key ([`kind_key`]).
+    pub kind: String,
+    /// The resource (one of the kind's versions).
+    pub ar: ApiResource,
+    /// The namespace watched, or `None` for all of them.
+    pub namespace: Option<String>,
+    /// The store to fill.
+    pub writer: reflector::store::Writer<LiveChild>,
+    /// What says when it has listed.
+    pub first_list: FirstList,
+}
 
 /// Keeps only what reconciliation reads of an object that does not carry our ownership label:
 /// its name, uid, resourceVersion and owner references say whether it is in the way.
@@ -300,17 +308,29 @@ fn trim_foreign(o: &mut LiveChild) {
 pub(crate) fn watch_children(
     shared: &Arc<Shared>,
     writers: Vec<Writer>,
-    settings: &Settings,
 ) -> Vec<(String, FirstListDone)> {
     let mut listed = Vec::new();
-    for (kind_key, child_ar, writer, first_list) in writers {
-        let api: Api<LiveChild> = match &settings.namespace {
-            Some(ns) => Api::namespaced_with(shared.client.clone(), ns, &child_ar),
-            None => Api::all_with(shared.client.clone(), &child_ar),
+    for Writer {
+        kind: kind_key,
+        ar: child_ar,
+        namespace: scope,
+        writer,
+        first_list,
+    } in writers
+    {
+        let (api, watch): (Api<LiveChild>, String) = match &scope {
+            Some(ns) => (
+                Api::namespaced_with(shared.client.clone(), ns, &child_ar),
+                format!("{kind_key} in {ns}"),
+            ),
+            None => (
+                Api::all_with(shared.client.clone(), &child_ar),
+                kind_key.clone(),
+            ),
         };
         let config = super::watch_config();
-        listed.push((kind_key.clone(), first_list.subscribe()));
-        let health = (shared.metrics.clone(), kind_key.clone());
+        listed.push((watch.clone(), first_list.subscribe()));
+        let health = (shared.metrics.clone(), watch);
         let stream = reflector::reflector(writer, watcher(api, config).modify(trim_foreign))
             .inspect(first_list.observer())
             .inspect(move |event| watch_health(&health.0, &health.1, event))
@@ -371,10 +391,12 @@ pub(crate) fn watch_children(
                     }
                     Ok(watcher::Event::Init) => {
                         // A relist: deletions while the watch was down are not seen as such,
-                        // so forget every apply of this kind.
+                        // so forget every apply of this kind (in every namespace: the records
+                        // are not kept by namespace, and one more apply is harmless) and what
+                        // this watch said of who controls what.
                         let infix = format!("/{kind_key}/");
                         lock(&shared.applied).retain(|k, _| !k.contains(&infix));
-                        lock(&shared.owned).clear_kind(&kind_key);
+                        lock(&shared.owned).clear_kind(&kind_key, scope.as_deref());
                         continue;
                     }
                     Ok(watcher::Event::InitDone) => continue,
@@ -407,7 +429,15 @@ fn wake(owners: &Owners, resources: BTreeSet<OwnerId>) {
     }
     let map = lock(owners);
     for (kind, namespace, name) in resources {
-        if let Some((ar, tx)) = map.get(&kind) {
+        let Some((ar, controllers)) = map.get(&kind) else {
+            continue;
+        };
+        // The controller watching the resource's namespace (a resource's children are in its
+        // own namespace).
+        let watching = controllers
+            .iter()
+            .find(|(scope, _)| scope.as_deref().is_none_or(|ns| ns == namespace));
+        if let Some((_, tx)) = watching {
             let mut r = ObjectRef::new_with(&name, ar.clone());
             if !namespace.is_empty() {
                 r = r.within(&namespace);
@@ -443,8 +473,18 @@ mod tests {
         assert!(index.owned_by("uid-1").is_empty());
         // A relist of one kind forgets that kind only.
         index.set(child("Service", "db"), Some("uid-2"));
-        index.clear_kind("apps/Deployment");
+        index.clear_kind("apps/Deployment", None);
         assert_eq!(index.owned_by("uid-2"), vec![child("Service", "db")]);
+        // A relist of one namespace's watch forgets that namespace only.
+        let elsewhere = (
+            "apps/Service".to_owned(),
+            "other".to_owned(),
+            "db".to_owned(),
+        );
+        index.set(elsewhere.clone(), Some("uid-3"));
+        index.clear_kind("apps/Service", Some("ns"));
+        assert!(index.owned_by("uid-2").is_empty());
+        assert_eq!(index.owned_by("uid-3"), vec![elsewhere]);
     }
 
     #[test]

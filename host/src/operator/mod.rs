@@ -76,8 +76,8 @@ pub enum Error {
 /// How the operator runs.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    /// Watch only this namespace.
-    pub namespace: Option<String>,
+    /// Watch only these namespaces; empty watches every namespace.
+    pub namespaces: Vec<String>,
     /// Where `/healthz`, `/readyz` and `/metrics` are served.
     pub metrics_addr: SocketAddr,
     /// Elect a leader on a Lease (for more than one replica).
@@ -104,6 +104,17 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// Where each watch looks: every namespace at once (`None`), or each watched namespace on
+    /// its own, since a list or watch across several namespaces needs rights in every namespace.
+    pub(crate) fn scopes(&self) -> Vec<Option<String>> {
+        if self.namespaces.is_empty() {
+            vec![None]
+        } else {
+            let unique: std::collections::BTreeSet<&String> = self.namespaces.iter().collect();
+            unique.into_iter().cloned().map(Some).collect()
+        }
+    }
+
     /// The default of [`Settings::stuck_after`] for a given `render_wait`: two minutes, or
     /// longer when one render may take longer.
     pub fn default_stuck_after(render_wait: Duration) -> Duration {
@@ -114,25 +125,75 @@ impl Settings {
 /// A child kind (`group/Kind`) that the cluster serves: the version watched, and its objects.
 pub(crate) struct Watched {
     pub ar: ApiResource,
+    /// One watch per scope ([`Settings::scopes`]): all namespaces, or each watched namespace.
+    pub parts: Vec<WatchedPart>,
+}
+
+/// The watch of one child kind in one scope.
+pub(crate) struct WatchedPart {
+    /// The namespace watched, or `None` for all of them.
+    pub namespace: Option<String>,
     /// Turns true once the watch has listed: until then, the store cannot say that an object
     /// does not exist.
     pub listed: FirstListDone,
-    /// Every object of this kind, as much of it as reconciliation reads (see `children`).
+    /// Every object of this kind in the scope, as much of it as reconciliation reads (see
+    /// `children`).
     pub store: Store<LiveChild>,
 }
 
 impl Watched {
-    /// A watch of the child kind `kind` on `ar`: what fills it, and what reads it.
-    fn new(kind: String, ar: &ApiResource) -> (children::Writer, Self) {
-        let writer = reflector::store::Writer::<LiveChild>::new(ar.clone());
-        let store = writer.as_reader();
-        let (first_list, listed) = FirstList::new();
-        let watch = Self {
-            ar: ar.clone(),
-            store,
-            listed,
-        };
-        ((kind, ar.clone(), writer, first_list), watch)
+    /// The watches of the child kind `kind` on `ar`, one per scope: what fills them, and what
+    /// reads them.
+    fn new(
+        kind: &str,
+        ar: &ApiResource,
+        scopes: &[Option<String>],
+    ) -> (Vec<children::Writer>, Self) {
+        let mut writers = Vec::new();
+        let mut parts = Vec::new();
+        for scope in scopes {
+            let writer = reflector::store::Writer::<LiveChild>::new(ar.clone());
+            let store = writer.as_reader();
+            let (first_list, listed) = FirstList::new();
+            parts.push(WatchedPart {
+                namespace: scope.clone(),
+                listed,
+                store,
+            });
+            writers.push(children::Writer {
+                kind: kind.to_owned(),
+                ar: ar.clone(),
+                namespace: scope.clone(),
+                writer,
+                first_list,
+            });
+        }
+        (
+            writers,
+            Self {
+                ar: ar.clone(),
+                parts,
+            },
+        )
+    }
+
+    /// The watch that sees `namespace`.
+    fn part(&self, namespace: &str) -> Option<&WatchedPart> {
+        self.parts
+            .iter()
+            .find(|p| p.namespace.as_deref().is_none_or(|ns| ns == namespace))
+    }
+
+    /// The object `name` in `namespace`, as its watch shows it.
+    pub(crate) fn get(&self, namespace: &str, name: &str) -> Option<Arc<LiveChild>> {
+        self.part(namespace)?
+            .store
+            .get(&reflector::ObjectRef::new_with(name, self.ar.clone()).within(namespace))
+    }
+
+    /// Whether the watch that sees `namespace` has listed.
+    pub(crate) fn listed(&self, namespace: &str) -> bool {
+        self.part(namespace).is_some_and(|p| *p.listed.borrow())
     }
 }
 
@@ -338,7 +399,7 @@ pub async fn run(
 
     // Reconciliation starts, and the operator is ready, once every watch has listed what it
     // watches (into its store): the operator then sees the cluster.
-    let mut listed = children::watch_children(&shared, writers, &settings);
+    let mut listed = children::watch_children(&shared, writers);
     let kinds: Vec<_> = shared.registry.kinds().collect();
     let discovered = discover(
         &client,
@@ -357,7 +418,7 @@ pub async fn run(
         let gvk = GroupVersionKind::gvk(&kind.group, &kind.versions[0], &kind.kind);
         match found {
             Ok((ar, _)) => {
-                listed.push(controllers.start(&shared, &settings, plugin.name(), kind, ar))
+                listed.extend(controllers.start(&shared, &settings, plugin.name(), kind, ar))
             }
             Err(e) => {
                 tracing::error!(kind = %kind.kind, group = %kind.group, plugin = %plugin.name(),
@@ -458,8 +519,8 @@ async fn setup(
                 // One watch per `group/Kind`, on the first version the cluster serves.
                 let kind = children::kind_key(&api_version, &child.kind);
                 if let std::collections::btree_map::Entry::Vacant(slot) = watched.entry(kind) {
-                    let (writer, watch) = Watched::new(slot.key().clone(), &ar);
-                    writers.push(writer);
+                    let (more, watch) = Watched::new(slot.key(), &ar, &settings.scopes());
+                    writers.extend(more);
                     slot.insert(watch);
                 }
                 Ok(ar)
@@ -616,12 +677,12 @@ async fn rediscover(shared: Arc<Shared>, settings: Settings, controllers: Arc<Co
         for (_, ar) in &served {
             let kind = children::kind_key(&ar.api_version, &ar.kind);
             if !read(&shared.watched).contains_key(&kind) {
-                let (writer, watch) = Watched::new(kind.clone(), ar);
-                writers.push(writer);
+                let (more, watch) = Watched::new(&kind, ar, &settings.scopes());
+                writers.extend(more);
                 stores.push((kind, watch));
             }
         }
-        let listed = children::watch_children(&shared, writers, &settings);
+        let listed = children::watch_children(&shared, writers);
         for (name, mut done) in listed {
             if tokio::time::timeout(SYNC_TIMEOUT, done.wait_for(|d| *d))
                 .await
@@ -662,8 +723,9 @@ struct Controllers {
 }
 
 impl Controllers {
-    /// Starts the controller of `kind`, served by the cluster as `ar`; returns when its watch
-    /// has first listed.
+    /// Starts the controllers of `kind`, served by the cluster as `ar`: one per scope (all
+    /// namespaces, or each watched namespace). Returns, for each, what says when its watch has
+    /// first listed.
     fn start(
         &self,
         shared: &Arc<Shared>,
@@ -671,11 +733,7 @@ impl Controllers {
         plugin: &str,
         kind: &crate::types::KindInfo,
         ar: ApiResource,
-    ) -> (String, FirstListDone) {
-        let api: Api<DynamicObject> = match &settings.namespace {
-            Some(ns) => Api::namespaced_with(shared.client.clone(), ns, &ar),
-            None => Api::all_with(shared.client.clone(), &ar),
-        };
+    ) -> Vec<(String, FirstListDone)> {
         let controller = format!("{}.{}", kind.plural, kind.group);
         // The plugin serving a Kind is fixed for the operator's life: looked up once here.
         let (plugin_name, plugin_id) = match shared.registry.lookup(&ar.api_version, &ar.kind) {
@@ -692,49 +750,68 @@ impl Controllers {
             plugin: plugin_name,
             plugin_id,
         });
-        let (tx, rx) = mpsc::unbounded();
-        lock(&shared.owners).insert(format!("{}/{}", ar.api_version, ar.kind), (ar.clone(), tx));
-        let (rescan, rescanned) = mpsc::unbounded();
-        lock(&self.rescans).push(rescan);
-        let mut stop = self.stop.subscribe();
-        // A resource is rendered again when what its render reads changes (spec, labels,
-        // annotations), not when only its status does: most of its updates are our own status
-        // writes. Children's events, resyncs and retries reach it through the scheduler.
-        let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
-        let reader = writer.as_reader();
-        let (first_list, done) = FirstList::new();
-        let health = (shared.metrics.clone(), controller.clone());
-        let trigger =
-            reflector::reflector(writer, watcher(api, watch_config()).modify(trim_resource))
-                .inspect(first_list.observer())
-                .inspect(move |event| watch_health(&health.0, &health.1, event))
-                .default_backoff()
-                .applied_objects()
-                .predicate_filter(render_input, PredicateConfig::default());
-        let name = controller.clone();
-        let run = Controller::for_stream_with(trigger, reader, ar.clone())
-            .with_config(
-                kube::runtime::controller::Config::default().concurrency(settings.concurrency),
-            )
-            .reconcile_on(rx)
-            .reconcile_all_on(rescanned)
-            .graceful_shutdown_on(async move {
-                let _ = stop.recv().await;
-            })
-            .run(reconcile::reconcile, reconcile::error_policy, ctx)
-            .for_each(move |result| {
-                // A reconciler's failure was logged and counted by `reconcile`; anything else
-                // (a queue or store error) would otherwise go unseen.
-                if let Err(e) = result
-                    && !matches!(e, kube::runtime::controller::Error::ReconcilerFailed(..))
-                {
-                    tracing::warn!(controller = %name, "controller: {e}");
-                }
-                futures::future::ready(())
-            });
-        tracing::info!(%controller, %plugin, "controller started");
-        lock(&self.running).push(tokio::spawn(run));
-        (controller, done)
+        let mut listed = Vec::new();
+        for scope in settings.scopes() {
+            let (api, watch): (Api<DynamicObject>, String) = match &scope {
+                Some(ns) => (
+                    Api::namespaced_with(shared.client.clone(), ns, &ar),
+                    format!("{controller} in {ns}"),
+                ),
+                None => (
+                    Api::all_with(shared.client.clone(), &ar),
+                    controller.clone(),
+                ),
+            };
+            let (tx, rx) = mpsc::unbounded();
+            lock(&shared.owners)
+                .entry(format!("{}/{}", ar.api_version, ar.kind))
+                .or_insert_with(|| (ar.clone(), Vec::new()))
+                .1
+                .push((scope.clone(), tx));
+            let (rescan, rescanned) = mpsc::unbounded();
+            lock(&self.rescans).push(rescan);
+            let mut stop = self.stop.subscribe();
+            // A resource is rendered again when what its render reads changes (spec, labels,
+            // annotations), not when only its status does: most of its updates are our own
+            // status writes. Children's events, resyncs and retries reach it through the
+            // scheduler.
+            let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
+            let reader = writer.as_reader();
+            let (first_list, done) = FirstList::new();
+            let health = (shared.metrics.clone(), watch.clone());
+            let trigger =
+                reflector::reflector(writer, watcher(api, watch_config()).modify(trim_resource))
+                    .inspect(first_list.observer())
+                    .inspect(move |event| watch_health(&health.0, &health.1, event))
+                    .default_backoff()
+                    .applied_objects()
+                    .predicate_filter(render_input, PredicateConfig::default());
+            let name = watch.clone();
+            let run = Controller::for_stream_with(trigger, reader, ar.clone())
+                .with_config(
+                    kube::runtime::controller::Config::default().concurrency(settings.concurrency),
+                )
+                .reconcile_on(rx)
+                .reconcile_all_on(rescanned)
+                .graceful_shutdown_on(async move {
+                    let _ = stop.recv().await;
+                })
+                .run(reconcile::reconcile, reconcile::error_policy, ctx.clone())
+                .for_each(move |result| {
+                    // A reconciler's failure was logged and counted by `reconcile`; anything
+                    // else (a queue or store error) would otherwise go unseen.
+                    if let Err(e) = result
+                        && !matches!(e, kube::runtime::controller::Error::ReconcilerFailed(..))
+                    {
+                        tracing::warn!(controller = %name, "controller: {e}");
+                    }
+                    futures::future::ready(())
+                });
+            tracing::info!(controller = %watch, %plugin, "controller started");
+            lock(&self.running).push(tokio::spawn(run));
+            listed.push((watch, done));
+        }
+        listed
     }
 
     /// Starts the controllers of the served Kinds whose CRD has been installed since.

@@ -20,7 +20,6 @@ use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditi
 use kube::discovery::ApiResource;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
-use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 
@@ -346,9 +345,9 @@ pub(crate) trait View {
     fn live(&self, kind_key: &str, namespace: &str, name: &str) -> Option<Arc<LiveChild>>;
     /// What our last apply of the child with this key left.
     fn applied(&self, key: &str) -> Option<Applied>;
-    /// Whether the watch of kind `group/Kind` has listed: before, an object it does not show
-    /// may still exist.
-    fn listed(&self, kind_key: &str) -> bool;
+    /// Whether the watch of kind `group/Kind` that sees `namespace` has listed: before, an
+    /// object it does not show may still exist.
+    fn listed(&self, kind_key: &str, namespace: &str) -> bool;
 }
 
 impl View for Shared {
@@ -357,21 +356,17 @@ impl View for Shared {
     }
 
     fn live(&self, kind_key: &str, namespace: &str, name: &str) -> Option<Arc<LiveChild>> {
-        let watched = read(&self.watched);
-        let watched = watched.get(kind_key)?;
-        watched
-            .store
-            .get(&ObjectRef::new_with(name, watched.ar.clone()).within(namespace))
+        read(&self.watched).get(kind_key)?.get(namespace, name)
     }
 
     fn applied(&self, key: &str) -> Option<Applied> {
         lock(&self.applied).get(key).cloned()
     }
 
-    fn listed(&self, kind_key: &str) -> bool {
+    fn listed(&self, kind_key: &str, namespace: &str) -> bool {
         read(&self.watched)
             .get(kind_key)
-            .is_some_and(|w| *w.listed.borrow())
+            .is_some_and(|w| w.listed(namespace))
     }
 }
 
@@ -553,7 +548,7 @@ pub(crate) fn plan(objects: Vec<Value>, owner: &Owner, view: &impl View) -> Plan
             // A child we applied that the watch has not shown yet is not applied again: a
             // deletion of it is seen by the watch, which then forgets the apply.
             None if remembered.is_some_and(|p| p.hash == h) => Write::Skip,
-            None if !view.listed(&key) => {
+            None if !view.listed(&key, &r.namespace) => {
                 plan.unknown.push(format!("{kind} {name}"));
                 continue;
             }
@@ -1089,7 +1084,7 @@ mod tests {
         fn applied(&self, key: &str) -> Option<Applied> {
             self.applied.get(key).cloned()
         }
-        fn listed(&self, kind_key: &str) -> bool {
+        fn listed(&self, kind_key: &str, _namespace: &str) -> bool {
             !self.unlisted.contains(kind_key)
         }
     }

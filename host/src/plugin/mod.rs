@@ -30,7 +30,7 @@ use crate::types::{Context, KindInfo, PluginInfo};
 pub const PACKAGE: &str = "wasm-operator:plugin";
 /// The major version of [`PACKAGE`] this host speaks.
 pub const PACKAGE_MAJOR: u64 = 1;
-const INTERFACE: &str = "wasm-operator:plugin/reconciler";
+pub(crate) const INTERFACE: &str = "wasm-operator:plugin/reconciler";
 
 /// How often the epoch ticks; deadlines are counted in ticks.
 const TICK: Duration = Duration::from_millis(5);
@@ -367,7 +367,7 @@ fn check_exports(names: &[String]) -> std::result::Result<(), String> {
     ))
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 

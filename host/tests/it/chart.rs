@@ -165,7 +165,7 @@ fn the_values_reach_what_the_chart_renders() {
     };
     let digest = format!("sha256:{}", "a".repeat(64));
     let docs = documents(&template(&[
-        "watchNamespace=app",
+        "watchNamespaces={app,web}",
         &format!("image.digest={digest}"),
         "plugins.files={/plugins/site.wasm}",
         "sandbox.timeout=2s",
@@ -185,13 +185,48 @@ fn the_values_reach_what_the_chart_renders() {
         .map(|a| a.as_str().unwrap())
         .collect();
     for want in [
-        "--namespace=app",
+        "--namespace=app,web",
         "--plugin=/plugins/site.wasm",
         "--plugin-timeout=2s",
         "--leader-elect=false",
     ] {
         assert!(args.contains(&want), "no {want} in {args:?}");
     }
+    // Watching two namespaces, the ClusterRole is bound in those two alone, as `host rbac`
+    // binds it.
+    let bindings = |docs: &[Value]| -> Vec<Value> {
+        docs.iter()
+            .filter(|d| d["kind"] == "RoleBinding" || d["kind"] == "ClusterRoleBinding")
+            .filter(|d| d["roleRef"]["kind"] == "ClusterRole")
+            .map(|d| {
+                serde_json::json!([
+                    d["kind"],
+                    d["metadata"]["name"],
+                    d["metadata"]["namespace"],
+                    d["roleRef"],
+                    d["subjects"]
+                ])
+            })
+            .collect()
+    };
+    let host_rbac = documents(&host_ok(&["rbac", "--watch-namespace", "app,web"]));
+    assert_eq!(bindings(&docs).len(), 2, "{:?}", bindings(&docs));
+    assert_eq!(bindings(&docs), bindings(&host_rbac));
+    assert!(bindings(&docs).iter().all(|b| b[0] == "RoleBinding"));
+    // The single value of earlier versions is refused, saying what replaced it.
+    let out = helm(&[
+        "template",
+        "wasm-operator",
+        CHART,
+        "--set",
+        "watchNamespace=app",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("watchNamespaces, a list"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     // Without the built-in plugins: no CRDs, and the ClusterRole holds the rules given.
     let docs = documents(&template(&[
@@ -306,10 +341,12 @@ fn install_upgrade_and_uninstall_on_a_restricted_namespace() {
             "--timeout=60s",
         ],
     );
+    // The namespace the second variant watches: its RoleBinding goes there.
+    let _ = kubectl(&cp, &["create", "namespace", "app"]);
     for sets in [
         &["metrics.serviceMonitor.enabled=true"][..],
         &[
-            "watchNamespace=app",
+            "watchNamespaces={app}",
             "plugins.files={/plugins/site.wasm}",
             "replicas=1",
             "leaderElection.enabled=false",

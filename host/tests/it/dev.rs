@@ -179,6 +179,35 @@ fn every_example_goes_ready_and_ctrl_c_tears_it_all_down() {
     assert!(!ok, "the control plane still answers after Ctrl-C");
 }
 
+/// Ctrl-C while the control plane has just come up (the CRDs being installed, the operator not
+/// started yet) still stops it and removes its files.
+#[test]
+fn ctrl_c_during_start_up_tears_down_what_started() {
+    let dev = Dev::start(&[]);
+    let mut waited = 0;
+    while !dev.stderr().contains("export KUBECONFIG=") {
+        assert!(
+            waited < 1200,
+            "the control plane did not come up:\n{}",
+            dev.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+        waited += 1;
+    }
+    let kubeconfig = dev.kubeconfig();
+    let (_, stderr) = dev.interrupt();
+    assert!(
+        stderr.contains("the control plane is stopped and its files removed"),
+        "{stderr}"
+    );
+    assert!(
+        !std::path::Path::new(&kubeconfig).exists(),
+        "the control plane's files are left behind:\n{stderr}"
+    );
+    let (ok, _) = kubectl(&kubeconfig, &["get", "namespaces"]);
+    assert!(!ok, "the control plane still answers after Ctrl-C");
+}
+
 #[test]
 fn keep_leaves_the_control_plane_running_until_its_stop_command() {
     let dev = Dev::start(&["--keep", "examples/kvcluster.yaml"]);

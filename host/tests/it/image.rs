@@ -206,13 +206,6 @@ async fn the_image_runs_as_the_in_cluster_operator() {
         "nproc=1024:1024",
         "--network",
         "host",
-        "--read-only",
-        "--user",
-        "65532:65532",
-        "--cap-drop",
-        "ALL",
-        "--security-opt",
-        "no-new-privileges",
         "--tmpfs",
         "/var/cache/wasm-operator:rw,mode=1777",
         "--volume",
@@ -232,6 +225,11 @@ async fn the_image_runs_as_the_in_cluster_operator() {
     .iter()
     .map(|s| (*s).to_owned())
     .collect();
+    // The pod's and the container's securityContext, as a kubelet applies them.
+    run.extend(security_flags(
+        &pod["securityContext"],
+        &container["securityContext"],
+    ));
     // The chart's environment, but for the two fields the kubelet fills in (set above).
     for env in container["env"].as_array().unwrap() {
         if let Some(value) = env["value"].as_str() {
@@ -280,4 +278,70 @@ async fn the_image_runs_as_the_in_cluster_operator() {
         took < Duration::from_secs(grace),
         "stopping took {took:?}, the grace period is {grace} s"
     );
+}
+
+/// podman's flags for what the chart's securityContexts ask of the runtime (the container's
+/// wins over the pod's, as in Kubernetes). A field this does not know fails the test, so the
+/// image is never run more loosely than the chart says.
+fn security_flags(pod: &Value, container: &Value) -> Vec<String> {
+    let field = |name: &str| match &container[name] {
+        Value::Null => &pod[name],
+        v => v,
+    };
+    let known = [
+        "runAsNonRoot",
+        "runAsUser",
+        "runAsGroup",
+        "seccompProfile",
+        "allowPrivilegeEscalation",
+        "readOnlyRootFilesystem",
+        "capabilities",
+    ];
+    for context in [pod, container] {
+        for key in context.as_object().into_iter().flat_map(|o| o.keys()) {
+            assert!(
+                known.contains(&key.as_str()),
+                "the chart sets securityContext.{key}, which this test does not apply"
+            );
+        }
+    }
+    let mut flags = Vec::new();
+    let user = field("runAsUser")
+        .as_i64()
+        .expect("the chart sets runAsUser");
+    assert!(
+        field("runAsNonRoot") != &Value::Bool(true) || user != 0,
+        "runAsNonRoot with user 0"
+    );
+    let group = field("runAsGroup").as_i64().unwrap_or(user);
+    flags.extend(["--user".to_owned(), format!("{user}:{group}")]);
+    if field("readOnlyRootFilesystem") == &Value::Bool(true) {
+        flags.push("--read-only".to_owned());
+    }
+    if field("allowPrivilegeEscalation") == &Value::Bool(false) {
+        flags.extend(["--security-opt".to_owned(), "no-new-privileges".to_owned()]);
+    }
+    for cap in field("capabilities")["drop"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        flags.extend(["--cap-drop".to_owned(), cap.as_str().unwrap().to_owned()]);
+    }
+    for cap in field("capabilities")["add"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        flags.extend(["--cap-add".to_owned(), cap.as_str().unwrap().to_owned()]);
+    }
+    // RuntimeDefault is podman's default seccomp profile too; anything else is not applied here.
+    let seccomp = field("seccompProfile")["type"]
+        .as_str()
+        .unwrap_or("RuntimeDefault");
+    assert_eq!(
+        seccomp, "RuntimeDefault",
+        "a seccomp profile this test cannot apply"
+    );
+    flags
 }

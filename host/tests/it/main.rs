@@ -8,6 +8,7 @@ mod dev;
 mod errors;
 mod image;
 mod judge;
+mod oci;
 mod operator;
 mod render;
 mod roundtrip;

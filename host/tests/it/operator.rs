@@ -41,7 +41,7 @@ impl Operator {
         extra: &[PathBuf],
     ) -> Self {
         let settings = host::operator::Settings {
-            namespace: watch.map(str::to_owned),
+            namespaces: watch.map(str::to_owned).into_iter().collect(),
             metrics_addr: free_addr(),
             leader_election: true,
             lease_namespace: lease_namespace.to_owned(),
@@ -800,6 +800,77 @@ async fn two_replicas_share_one_lease() {
     b.stop().await;
 }
 
+/// Watching two namespaces, the operator runs on the RBAC `host rbac --watch-namespace` prints
+/// (its ClusterRole bound in those two alone), serves both, and leaves a third alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watching_some_namespaces_it_needs_and_touches_those_alone() {
+    let cp = cluster();
+    let _logs = cp.logs_on_failure();
+    let admin = cp.client().await.unwrap();
+    let home = cp.namespace(&admin, "op-home").await.unwrap();
+    let a = cp.namespace(&admin, "watched-a").await.unwrap();
+    let b = cp.namespace(&admin, "watched-b").await.unwrap();
+    let elsewhere = cp.namespace(&admin, "unwatched").await.unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_host"))
+        .args(["rbac", "--namespace", &home, "--name", &home])
+        .args(["--watch-namespace", &format!("{a},{b}")])
+        .env(
+            "WASM_OPERATOR_CACHE",
+            PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
+        )
+        .output()
+        .unwrap();
+    let rbac = crate::support::succeeded("host rbac", out);
+    assert!(!rbac.contains("ClusterRoleBinding"), "{rbac}");
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), &rbac).unwrap();
+    kubectl_ok(cp, &["apply", "-f", &file.path().display().to_string()]);
+    let client = cp
+        .service_account_client(&admin, &home, &home)
+        .await
+        .unwrap();
+    let settings = host::operator::Settings {
+        namespaces: vec![a.clone(), b.clone()],
+        metrics_addr: free_addr(),
+        leader_election: true,
+        lease_namespace: home.clone(),
+        lease_name: "wasm-operator".to_owned(),
+        identity: "namespaced".to_owned(),
+        concurrency: 4,
+        max_writes_in_flight: 16,
+        render_wait: Duration::from_secs(3),
+        unready_after: Duration::from_secs(30),
+        stuck_after: Duration::from_secs(120),
+    };
+    let op = Operator::start_settings(client, "hanzo.ai", &[], settings).await;
+    for ns in [&a, &b, &elsewhere] {
+        apply(cp, ns, WEB);
+    }
+    wait_ready(cp, &a, "services.hanzo.ai/web");
+    wait_ready(cp, &b, "services.hanzo.ai/web");
+    assert!(get(cp, &b, "deployment/web").is_some());
+    // A child deleted by hand in one watched namespace comes back: its watch is that
+    // namespace's.
+    kubectl_ok(cp, &["delete", "-n", &b, "deployment/web", "--wait=true"]);
+    eventually(
+        "the Deployment to come back",
+        Duration::from_secs(30),
+        || get(cp, &b, "deployment/web").is_some(),
+    )
+    .await;
+    eventually("/readyz to answer 200", Duration::from_secs(30), || {
+        op.ready()
+    })
+    .await;
+    let untouched = get(cp, &elsewhere, "services.hanzo.ai/web").unwrap();
+    assert!(
+        untouched.get("status").is_none(),
+        "a resource outside the watched namespaces got a status: {untouched}"
+    );
+    assert!(get(cp, &elsewhere, "deployment/web").is_none());
+    op.stop().await;
+}
+
 /// The `Ready` condition's reason and message of `what`, once its reason is `reason`.
 async fn wait_reason(cp: &ControlPlane, ns: &str, what: &str, reason: &str) -> Value {
     let mut last = None;
@@ -1348,7 +1419,7 @@ async fn healthz_and_readyz_follow_a_partition() {
     let ns = cp.namespace(&admin, "health").await.unwrap();
     let proxy = cp.proxy().unwrap();
     let settings = host::operator::Settings {
-        namespace: Some(ns.clone()),
+        namespaces: vec![ns.clone()],
         metrics_addr: free_addr(),
         leader_election: false,
         lease_namespace: ns.clone(),

@@ -14,6 +14,10 @@
 //! killed. Binaries come from `$KUBE_BIN_DIR`, else from running `scripts/control-plane` (a no-op
 //! when its cache is warm).
 
+mod registry;
+
+pub use registry::{Registry, RegistryOptions, registry_binary};
+
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};

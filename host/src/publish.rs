@@ -1,0 +1,198 @@
+//! `host push`, `host pull` and `host inspect`: plugins to and from OCI registries, and what a
+//! plugin is, from a file or a registry.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+
+use crate::error::Error;
+use crate::oci::{self, Reference};
+use crate::plugin::{Anatomy, Runtime};
+use crate::types::{Context, PluginInfo};
+
+/// Runs `fut` on a runtime of its own (the commands that use this have none).
+pub(crate) fn block_on<T>(fut: impl std::future::Future<Output = T>) -> Result<T, Error> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Output(format!("cannot start the async runtime: {e}")))?;
+    Ok(runtime.block_on(fut))
+}
+
+/// Loads `wasm` far enough to know what it is; a component that is no plugin is refused with
+/// the step that failed.
+fn anatomy(
+    runtime: &Runtime,
+    wasm: &[u8],
+    source: &str,
+    ctx: &Context,
+) -> Result<(PluginInfo, Anatomy), Error> {
+    match runtime.load_stepwise(wasm, source, ctx) {
+        Ok((plugin, anatomy)) => Ok((plugin.info().clone(), anatomy)),
+        Err(failure) => Err(Error::Load {
+            plugin: source.to_owned(),
+            reason: format!(
+                "{} (at the {:?} step; `host check {source}` says more)",
+                failure.reason, failure.step
+            ),
+        }),
+    }
+}
+
+/// `host push`: the plugin in `file` to `reference`; returns the reference pinned to its digest.
+pub fn push(
+    runtime: &Runtime,
+    ctx: &Context,
+    file: &Path,
+    reference: &Reference,
+    options: &oci::Options,
+) -> Result<Reference, Error> {
+    let wasm = std::fs::read(file).map_err(|source| Error::ReadPlugin {
+        path: file.to_path_buf(),
+        source,
+    })?;
+    let (_, anatomy) = anatomy(runtime, &wasm, &file.display().to_string(), ctx)?;
+    let info = oci::ComponentInfo {
+        imports: anatomy.imports,
+        exports: anatomy.exports,
+    };
+    Ok(block_on(oci::push(&wasm, &info, reference, options))??)
+}
+
+/// Where a plugin to inspect comes from.
+pub enum Subject {
+    /// A file.
+    File(PathBuf),
+    /// A registry.
+    Oci(Reference),
+}
+
+impl Subject {
+    /// A path when such a file exists or the text is no reference; else a reference.
+    pub fn parse(text: &str) -> Result<Self, Error> {
+        if text.starts_with(oci::SCHEME) {
+            return Ok(Self::Oci(Reference::parse(text)?));
+        }
+        let path = PathBuf::from(text);
+        if path.exists() || !text.contains('/') || text.ends_with(".wasm") {
+            return Ok(Self::File(path));
+        }
+        Ok(Self::Oci(Reference::parse(text)?))
+    }
+}
+
+/// `host inspect`: what the plugin is, as JSON (the text report is made from it).
+pub fn inspect(
+    runtime: &Runtime,
+    ctx: &Context,
+    subject: &Subject,
+    options: &oci::Options,
+    store: Option<&oci::Store>,
+) -> Result<Value, Error> {
+    let (wasm, source, mut report) = match subject {
+        Subject::File(path) => {
+            let wasm = std::fs::read(path).map_err(|source| Error::ReadPlugin {
+                path: path.clone(),
+                source,
+            })?;
+            let source = path.display().to_string();
+            (wasm, source.clone(), json!({ "source": source }))
+        }
+        Subject::Oci(reference) => {
+            let pulled = block_on(oci::pull(reference, options, store, false))??;
+            let source = format!("{}{}", oci::SCHEME, pulled.reference);
+            let report = json!({
+                "source": source,
+                "manifest": pulled.reference.digest,
+                "mediaType": pulled.media_type,
+            });
+            (pulled.wasm, source, report)
+        }
+    };
+    let (info, anatomy) = anatomy(runtime, &wasm, &source, ctx)?;
+    let kinds: Vec<Value> = info
+        .kinds
+        .iter()
+        .map(|k| json!({ "kind": k.kind, "group": k.group, "versions": k.versions, "plural": k.plural }))
+        .collect();
+    let children: Vec<Value> = info
+        .children
+        .iter()
+        .map(|c| json!({ "group": c.group, "version": c.version, "kind": c.kind }))
+        .collect();
+    let extra = json!({
+        "plugin": info.name,
+        "version": info.version,
+        "sha256": format!("sha256:{}", anatomy.sha256),
+        "size": anatomy.size,
+        "contract": anatomy.contract().map(|v| format!("{}@{v}", crate::plugin::INTERFACE)),
+        "kinds": kinds,
+        "children": children,
+        "imports": anatomy.imports,
+        "exports": anatomy.exports,
+    });
+    if let (Some(r), Some(e)) = (report.as_object_mut(), extra.as_object()) {
+        r.extend(e.clone());
+    }
+    Ok(report)
+}
+
+/// The report of [`inspect`] for a person.
+pub fn text(report: &Value) -> String {
+    let s = |k: &str| report[k].as_str().unwrap_or_default().to_owned();
+    let list = |k: &str| -> Vec<String> {
+        report[k]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .collect()
+    };
+    let mut out = String::new();
+    let mut line = |k: &str, v: String| out.push_str(&format!("{k:<10} {v}\n"));
+    line("source", s("source"));
+    if report.get("manifest").is_some() {
+        line("manifest", s("manifest"));
+        line("layer", s("mediaType"));
+    }
+    line("sha256", s("sha256"));
+    line("size", format!("{} bytes", report["size"]));
+    line("plugin", format!("{} {}", s("plugin"), s("version")));
+    line("contract", s("contract"));
+    for k in report["kinds"].as_array().into_iter().flatten() {
+        let versions: Vec<&str> = k["versions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        line(
+            "kind",
+            format!(
+                "{} ({}, {})",
+                k["kind"].as_str().unwrap_or_default(),
+                k["group"].as_str().unwrap_or_default(),
+                versions.join(", ")
+            ),
+        );
+    }
+    for c in report["children"].as_array().into_iter().flatten() {
+        let group = c["group"].as_str().unwrap_or_default();
+        let gv = if group.is_empty() {
+            c["version"].as_str().unwrap_or_default().to_owned()
+        } else {
+            format!("{group}/{}", c["version"].as_str().unwrap_or_default())
+        };
+        line(
+            "child",
+            format!("{} ({gv})", c["kind"].as_str().unwrap_or_default()),
+        );
+    }
+    for i in list("imports") {
+        line("import", i);
+    }
+    for e in list("exports") {
+        line("export", e);
+    }
+    out
+}
