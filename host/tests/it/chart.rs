@@ -168,6 +168,9 @@ fn the_values_reach_what_the_chart_renders() {
         "watchNamespaces={app,web}",
         &format!("image.digest={digest}"),
         "plugins.files={/plugins/site.wasm}",
+        "plugins.requireDigest=true",
+        "plugins.registry.configSecret=registry-login",
+        "plugins.registry.caConfigMap=registry-ca",
         "sandbox.timeout=2s",
         "replicas=1",
         "leaderElection.enabled=false",
@@ -184,7 +187,20 @@ fn the_values_reach_what_the_chart_renders() {
         .iter()
         .map(|a| a.as_str().unwrap())
         .collect();
+    // The registry's credentials and CA, mounted where the flags' variables point.
+    let env = container["env"].to_string();
+    let mounts = container["volumeMounts"].to_string();
+    let volumes = pod["volumes"].to_string();
+    for (variable, dir) in [
+        ("REGISTRY_CONFIG", "/var/run/secrets/wasm-operator/registry"),
+        ("REGISTRY_CA", "/etc/wasm-operator/registry-ca"),
+    ] {
+        assert!(env.contains(variable) && env.contains(dir), "{env}");
+        assert!(mounts.contains(dir), "{mounts}");
+    }
+    assert!(volumes.contains("registry-login") && volumes.contains("registry-ca"), "{volumes}");
     for want in [
+        "--require-digest",
         "--namespace=app,web",
         "--plugin=/plugins/site.wasm",
         "--plugin-timeout=2s",
@@ -347,7 +363,9 @@ fn install_upgrade_and_uninstall_on_a_restricted_namespace() {
         &["metrics.serviceMonitor.enabled=true"][..],
         &[
             "watchNamespaces={app}",
-            "plugins.files={/plugins/site.wasm}",
+            "plugins.files={/plugins/site.wasm,oci://registry.example.com/site@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef}",
+            "plugins.registry.configSecret=registry-login",
+            "plugins.registry.caConfigMap=registry-ca",
             "replicas=1",
             "leaderElection.enabled=false",
             "podDisruptionBudget.enabled=false",
