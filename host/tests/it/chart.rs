@@ -358,11 +358,11 @@ fn install_upgrade_and_uninstall_on_a_restricted_namespace() {
         ],
     );
     // The namespace the second variant watches: its RoleBinding goes there.
-    let _ = kubectl(&cp, &["create", "namespace", "app"]);
+    kubectl_ok(&cp, &["create", "namespace", "watched"]);
     for sets in [
         &["metrics.serviceMonitor.enabled=true"][..],
         &[
-            "watchNamespaces={app}",
+            "watchNamespaces={watched}",
             "plugins.files={/plugins/site.wasm,oci://registry.example.com/site@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef}",
             "plugins.registry.configSecret=registry-login",
             "plugins.registry.caConfigMap=registry-ca",
