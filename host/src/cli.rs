@@ -192,6 +192,12 @@ pub struct RunArgs {
     /// on threads of their own; one is enough for the rest, and spares the CPU it shares.
     #[arg(long, default_value_t = 1)]
     pub worker_threads: u16,
+    /// Also serve the plugins that `Plugin` resources (plugins.wasm-operator.dev, cluster-wide)
+    /// name, loaded, swapped and dropped live as those resources come, change and go. The
+    /// operator then installs the CRDs of their Kinds (`host rbac --plugin-resources` grants
+    /// what that needs).
+    #[arg(long)]
+    pub plugin_resources: bool,
     /// How long a watch may keep failing (it cannot list or watch) before /readyz fails.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub unready_after: Duration,
@@ -227,7 +233,11 @@ impl PluginArgs {
     /// Sets up the runtime and loads the plugins, pulling those named by reference (or taking
     /// them from the store of pulled plugins, when they are there by digest).
     pub fn registry(&self) -> Result<Registry, Error> {
-        let runtime = self.sandbox.runtime()?;
+        self.registry_in(&self.sandbox.runtime()?)
+    }
+
+    /// As [`PluginArgs::registry`], loading into `runtime`.
+    pub fn registry_in(&self, runtime: &Runtime) -> Result<Registry, Error> {
         let mut sources = Vec::new();
         for plugin in &self.plugins {
             let Some(_) = plugin.strip_prefix(crate::oci::SCHEME) else {
@@ -254,12 +264,7 @@ impl PluginArgs {
                 wasm: pulled.wasm,
             });
         }
-        Registry::load_sources(
-            &runtime,
-            self.sandbox.context(),
-            !self.no_builtins,
-            &sources,
-        )
+        Registry::load_sources(runtime, self.sandbox.context(), !self.no_builtins, &sources)
     }
 }
 
@@ -293,14 +298,18 @@ impl RegistryArgs {
                 .map(|d| d.join("config.json"))
                 .filter(|p| p.is_file())
         };
-        let credentials = match self.registry_config.clone().or_else(default) {
-            Some(path) => crate::oci::Credentials::from_file(&path)?,
+        let file = self.registry_config.clone().or_else(default);
+        // Read now, so that a file that cannot be read is said at start; read again at each
+        // connection.
+        let credentials = match &file {
+            Some(path) => crate::oci::Credentials::from_file(path)?,
             None => crate::oci::Credentials::default(),
         };
         Ok(crate::oci::Options {
             ca_file: self.registry_ca.clone(),
             plain_http: self.plain_http,
             credentials,
+            credentials_file: file,
             timeout: self.registry_timeout,
         })
     }
@@ -403,6 +412,11 @@ pub struct RbacArgs {
     /// The name of the ServiceAccount, the roles and their bindings.
     #[arg(long, default_value = "wasm-operator")]
     pub name: String,
+    /// Also what `host run --plugin-resources` needs: read `Plugin` resources and write their
+    /// status, and install the CRDs of the Kinds they serve. The rules for those plugins' own
+    /// Kinds and child kinds are theirs to add (`host rbac --no-builtins --plugin REF`).
+    #[arg(long)]
+    pub plugin_resources: bool,
     /// The namespaces `host run --namespace` watches: the ClusterRole is then bound in each of
     /// them (a RoleBinding) instead of cluster-wide. Repeat the flag or separate with commas.
     #[arg(long = "watch-namespace", value_delimiter = ',', value_parser = parse_namespace, value_name = "NS")]
@@ -427,12 +441,15 @@ pub struct CheckArgs {
     /// The context and limits the checks run under (those of `host run` by default).
     #[command(flatten)]
     pub sandbox: SandboxArgs,
+    /// How registries are reached (for a plugin given by reference).
+    #[command(flatten)]
+    pub registries: RegistryArgs,
     /// Report format.
     #[arg(short, long, value_enum, default_value_t = ReportFormat::Text)]
     pub output: ReportFormat,
-    /// The plugin component.
-    #[arg(value_name = "FILE.wasm")]
-    pub plugin: PathBuf,
+    /// The plugin component: a file, or a reference to a registry (`oci://...`).
+    #[arg(value_name = "FILE.wasm|REF")]
+    pub plugin: String,
     /// Resources of the plugin's Kinds to render: YAML or JSON files, or directories of them.
     #[arg(value_name = "EXAMPLE")]
     pub examples: Vec<String>,
@@ -611,10 +628,25 @@ fn render(args: &RenderArgs) -> Result<ExitCode, Error> {
 }
 
 fn check(args: &CheckArgs) -> Result<ExitCode, Error> {
-    let wasm = std::fs::read(&args.plugin).map_err(|source| Error::ReadPlugin {
-        path: args.plugin.clone(),
-        source,
-    })?;
+    let (wasm, source) = match crate::publish::Subject::parse(&args.plugin)? {
+        crate::publish::Subject::File(path) => (
+            std::fs::read(&path).map_err(|source| Error::ReadPlugin {
+                path: path.clone(),
+                source,
+            })?,
+            path.display().to_string(),
+        ),
+        crate::publish::Subject::Oci(reference) => {
+            let pulled = crate::publish::block_on(crate::oci::pull(
+                &reference,
+                &args.registries.options()?,
+                args.sandbox.store().as_ref(),
+                false,
+            ))??;
+            let source = format!("{}{}", crate::oci::SCHEME, pulled.reference);
+            (pulled.wasm, source)
+        }
+    };
     let mut examples = Vec::new();
     for file in &documents::expand(&args.examples)? {
         let text = documents::read(file)?;
@@ -633,7 +665,6 @@ fn check(args: &CheckArgs) -> Result<ExitCode, Error> {
         }
     }
     let runtime = args.sandbox.runtime()?;
-    let source = args.plugin.display().to_string();
     let report = crate::check::check(&runtime, &wasm, &source, &args.sandbox.context(), &examples);
     let text = match args.output {
         ReportFormat::Text => report.text(),
@@ -669,7 +700,17 @@ fn stuck_after(asked: Option<Duration>, render_wait: Duration) -> Duration {
 }
 
 fn run(args: &RunArgs) -> Result<ExitCode, Error> {
-    let registry = args.plugins.registry()?;
+    let plugin_runtime = args.plugins.sandbox.runtime()?;
+    let registry = args.plugins.registry_in(&plugin_runtime)?;
+    let plugin_resources = if args.plugin_resources {
+        Some(crate::operator::plugins::Live {
+            runtime: plugin_runtime,
+            registries: args.plugins.registries.options()?,
+            store: args.plugins.sandbox.store(),
+        })
+    } else {
+        None
+    };
     let identity = args.identity.clone().unwrap_or_else(|| {
         let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
         format!("{}-{}", host.trim(), std::process::id())
@@ -689,6 +730,7 @@ fn run(args: &RunArgs) -> Result<ExitCode, Error> {
         render_wait,
         unready_after: args.unready_after,
         stuck_after: stuck_after(args.stuck_after, render_wait),
+        plugin_resources,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(usize::from(args.worker_threads.max(1)))
@@ -764,6 +806,7 @@ fn rbac(args: &RbacArgs) -> Result<ExitCode, Error> {
         namespace: args.namespace.clone(),
         name: args.name.clone(),
         watch_namespaces: args.watch_namespaces.clone(),
+        plugin_resources: args.plugin_resources,
     };
     let mut text = String::from(
         "# What `host run` needs for these plugins, and nothing more (generated by `host rbac`).\n",
@@ -837,7 +880,9 @@ fn inspect(args: &InspectArgs) -> Result<ExitCode, Error> {
 
 fn crds(args: &CrdsArgs) -> Result<ExitCode, Error> {
     let registry = args.plugins.registry()?;
-    let crds = crate::crd::crds(&registry)?;
+    let mut crds = crate::crd::crds(&registry)?;
+    // The Kind that names plugins to load live (`host run --plugin-resources`).
+    crds.push(crate::operator::plugins::crd());
     match &args.output_dir {
         None => emit(&documents::write(&crds, Format::Yaml)?)?,
         Some(dir) => {

@@ -73,8 +73,19 @@ impl Subject {
         if text.starts_with(oci::SCHEME) {
             return Ok(Self::Oci(Reference::parse(text)?));
         }
+        // As Docker reads a name: the first part is a registry only when it looks like a host
+        // (a dot or a port, or localhost); anything else is a file.
         let path = PathBuf::from(text);
-        if path.exists() || !text.contains('/') || text.ends_with(".wasm") {
+        let registry = text.split('/').next().unwrap_or_default();
+        let looks_like_registry =
+            registry.contains('.') || registry.contains(':') || registry == "localhost";
+        if path.exists()
+            || !text.contains('/')
+            || text.ends_with(".wasm")
+            || !looks_like_registry
+            || registry == "."
+            || registry == ".."
+        {
             return Ok(Self::File(path));
         }
         Ok(Self::Oci(Reference::parse(text)?))

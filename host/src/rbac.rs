@@ -19,6 +19,8 @@ pub struct Target {
     /// The namespaces the operator watches (`host run --namespace`): the ClusterRole is bound
     /// in each of them by a RoleBinding. Empty: bound cluster-wide by a ClusterRoleBinding.
     pub watch_namespaces: Vec<String>,
+    /// Whether the operator serves `Plugin` resources (`host run --plugin-resources`).
+    pub plugin_resources: bool,
 }
 
 /// The resource name of a kind, as Kubernetes guesses it when nothing says otherwise
@@ -71,6 +73,26 @@ pub fn objects(registry: &Registry, target: &Target) -> Vec<Value> {
     for (group, plurals) in &children {
         rules.push(rule(group, plurals.iter().cloned().collect(), &MANAGE));
     }
+    // `Plugin` resources are cluster-scoped, and so are the CRDs they install: these rules
+    // are a ClusterRole's, and need the cluster-wide binding.
+    let mut cluster_rules = Vec::new();
+    if target.plugin_resources {
+        cluster_rules.push(rule(
+            crate::operator::plugins::GROUP,
+            vec![crate::operator::plugins::PLURAL.to_owned()],
+            &READ,
+        ));
+        cluster_rules.push(rule(
+            crate::operator::plugins::GROUP,
+            vec![format!("{}/status", crate::operator::plugins::PLURAL)],
+            &["get", "patch", "update"],
+        ));
+        cluster_rules.push(rule(
+            "apiextensions.k8s.io",
+            vec!["customresourcedefinitions".to_owned()],
+            &["get", "create", "patch"],
+        ));
+    }
     rules.push(json!({
         "apiGroups": ["events.k8s.io", ""],
         "resources": ["events"],
@@ -96,6 +118,9 @@ pub fn objects(registry: &Registry, target: &Target) -> Vec<Value> {
     ];
     let watched: BTreeSet<&String> = target.watch_namespaces.iter().collect();
     if watched.is_empty() {
+        if let Some(all) = objects[1]["rules"].as_array_mut() {
+            all.append(&mut cluster_rules);
+        }
         objects.push(json!({
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "ClusterRoleBinding",
@@ -104,7 +129,24 @@ pub fn objects(registry: &Registry, target: &Target) -> Vec<Value> {
             "subjects": subject,
         }));
     }
-    // Watching some namespaces only, the operator lists and writes in those alone.
+    // Watching some namespaces only, the operator lists and writes in those alone; what is
+    // cluster-wide by nature gets a ClusterRole of its own, bound cluster-wide.
+    if !cluster_rules.is_empty() {
+        let plugins = format!("{name}-plugins");
+        objects.push(json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": { "name": plugins },
+            "rules": cluster_rules,
+        }));
+        objects.push(json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": { "name": plugins },
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": plugins },
+            "subjects": subject,
+        }));
+    }
     for watched in watched {
         objects.push(json!({
             "apiVersion": "rbac.authorization.k8s.io/v1",

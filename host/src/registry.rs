@@ -148,7 +148,7 @@ pub enum Source {
 }
 
 /// The loaded plugins and the Kinds they serve.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Registry {
     ctx: Context,
     plugins: Vec<Plugin>,
@@ -219,6 +219,15 @@ impl Registry {
             registry.add(plugin, true)?;
         }
         Ok(registry)
+    }
+
+    /// This registry with `plugin` added, refused when it serves a Kind that another plugin
+    /// here serves (whichever it is: a built-in plugin is not replaced this way). The operator
+    /// builds the registry it serves from this way as plugins come and go.
+    pub fn with(&self, plugin: Plugin) -> Result<Self> {
+        let mut next = self.clone();
+        next.add(plugin, false)?;
+        Ok(next)
     }
 
     fn add(&mut self, plugin: Plugin, from_file: bool) -> Result<()> {

@@ -10,6 +10,8 @@ fn main() {
     let wasm = guest_build::build(&["guest-hostile", "guest-incompatible"]);
     println!("cargo:rustc-env=HOSTILE_WASM={}", wasm[0].display());
     println!("cargo:rustc-env=INCOMPATIBLE_WASM={}", wasm[1].display());
+    let next = guest_build::build_variant(&["guest-hostile"], &["next-version"], "next");
+    println!("cargo:rustc-env=HOSTILE_NEXT_WASM={}", next[0].display());
     let several = several_memories(&guest_build::workspace_root());
     println!(
         "cargo:rustc-env=SEVERAL_MEMORIES_WASM={}",

@@ -75,6 +75,12 @@ fn checkout_dir_name(root: &Path) -> String {
 /// Builds each package and returns the path of its component, in order. Panics (failing the
 /// build script, with cargo's output above) when a build fails.
 pub fn build(packages: &[&str]) -> Vec<PathBuf> {
+    build_variant(packages, &[], "")
+}
+
+/// As [`build`], with the cargo `features` on, into a target directory of the variant's own
+/// (`variant` names it), so that it sits beside the plain build instead of replacing it.
+pub fn build_variant(packages: &[&str], features: &[&str], variant: &str) -> Vec<PathBuf> {
     ensure_target();
     let root = workspace_root();
     for watched in ["guests", "wit", "tests/guests", "Cargo.toml", "Cargo.lock"] {
@@ -83,7 +89,8 @@ pub fn build(packages: &[&str]) -> Vec<PathBuf> {
     let target_dir = env::var_os("CARGO_TARGET_DIR")
         .map_or_else(|| root.join("target"), PathBuf::from)
         .join("wasm-guests")
-        .join(checkout_dir_name(&root));
+        .join(checkout_dir_name(&root))
+        .join(variant);
     let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     packages
         .iter()
@@ -101,6 +108,9 @@ pub fn build(packages: &[&str]) -> Vec<PathBuf> {
                 ])
                 .args(["--target", TARGET, "--profile", "guest", "--target-dir"])
                 .arg(&target_dir);
+            if !features.is_empty() {
+                cmd.args(["--features", &features.join(",")]);
+            }
             // Flags meant for the outer, native build (coverage, sanitizers, clippy) must not
             // leak into the guests.
             for var in [

@@ -27,6 +27,9 @@ pub struct Options {
     pub plain_http: bool,
     /// The credentials of each registry.
     pub credentials: Credentials,
+    /// The Docker config JSON they come from, read again at each connection (a Secret
+    /// rotated under a running operator takes effect).
+    pub credentials_file: Option<std::path::PathBuf>,
     /// How long one request may take.
     pub timeout: Duration,
 }
@@ -69,12 +72,16 @@ impl Client {
             .enable_http1()
             .build();
         let http = HyperClient::builder(TokioExecutor::new()).build(connector);
+        let mut options = options.clone();
+        if let Some(path) = &options.credentials_file {
+            options.credentials = Credentials::from_file(path)?;
+        }
         let mut client = Self {
             http,
             reference: reference.clone(),
             scheme: if options.plain_http { "http" } else { "https" },
             auth: None,
-            options: options.clone(),
+            options,
             push,
         };
         let ping = "/v2/";
@@ -85,7 +92,7 @@ impl Client {
             // A loopback registry that does not speak TLS is spoken to over plain HTTP; if it
             // does not answer that either, the TLS failure is the one to report.
             Err(tls @ Error::Unreachable { .. })
-                if !options.plain_http && reference.is_loopback() =>
+                if !client.options.plain_http && reference.is_loopback() =>
             {
                 client.scheme = "http";
                 match client
@@ -143,6 +150,20 @@ impl Client {
                         why: format!("its Bearer challenge names no realm: {challenge}"),
                     });
                 };
+                // A token service over plain HTTP would see the password in the clear.
+                if realm.starts_with("http://")
+                    && basic.is_some()
+                    && !self.options.plain_http
+                    && !self.reference.is_loopback()
+                {
+                    return Err(Error::Unauthorized {
+                        registry,
+                        why: format!(
+                            "its token service {} is plain HTTP; credentials are not sent there (--plain-http allows it)",
+                            without_query(&realm)
+                        ),
+                    });
+                }
                 let actions = if self.push { "pull,push" } else { "pull" };
                 let mut query = vec![(
                     "scope".to_owned(),
@@ -222,7 +243,12 @@ impl Client {
         } else {
             format!("{}://{}{path}", self.scheme, self.reference.registry)
         };
-        if let Some(auth) = &self.auth {
+        // Credentials go to the registry itself, as it was reached, and nowhere else (an upload
+        // Location on another host, or the same host over plain HTTP behind a TLS proxy).
+        let home = format!("{}://{}", self.scheme, self.reference.registry);
+        if let Some(auth) = &self.auth
+            && authority(&url) == home
+        {
             headers.insert(header::AUTHORIZATION, auth.clone());
         }
         // Blobs may be served from elsewhere (a bucket): follow redirects, and send our
@@ -250,7 +276,7 @@ impl Client {
         }
         Err(Error::Registry {
             registry: self.reference.registry.clone(),
-            why: format!("too many redirects, the last to {url}"),
+            why: format!("too many redirects, the last to {}", without_query(&url)),
         })
     }
 
@@ -277,13 +303,13 @@ impl Client {
         );
         let request = request
             .body(Full::new(body))
-            .map_err(|e| unreachable(format!("{url}: {e}")))?;
+            .map_err(|e| unreachable(format!("{}: {e}", without_query(url))))?;
         let call = async {
             let response = self
                 .http
                 .request(request)
                 .await
-                .map_err(|e| unreachable(format!("{url}: {}", chain(&e))))?;
+                .map_err(|e| unreachable(format!("{}: {}", without_query(url), chain(&e))))?;
             let (parts, body) = response.into_parts();
             let body = Limited::new(body, limit)
                 .collect()
@@ -410,6 +436,12 @@ fn resolve(base: &str, location: &str) -> String {
         let dir = base.rsplit_once('/').map_or(base, |(d, _)| d);
         format!("{dir}/{location}")
     }
+}
+
+/// `url` without its query, which may hold a signature or an upload's state: what errors, and
+/// so statuses and logs, show of it.
+fn without_query(url: &str) -> &str {
+    url.split('?').next().unwrap_or(url)
 }
 
 /// The scheme and host of `url`.

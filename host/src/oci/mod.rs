@@ -133,10 +133,17 @@ pub enum Error {
 
 /// The credentials of each registry, as `docker login` and `podman login` keep them (a Docker
 /// config JSON: `auths.<registry>.auth`, or `username` and `password`).
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct Credentials {
     /// By registry host: `user:password`, base64-encoded.
     basic: BTreeMap<String, String>,
+}
+
+/// The registries only: a log of the settings never shows a password.
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.basic.keys()).finish()
+    }
 }
 
 impl Credentials {
@@ -463,8 +470,11 @@ pub async fn pull(
         });
     }
     let pinned = reference.pinned(&manifest_digest);
-    if let Some(store) = store {
-        store.put(&manifest_digest, &manifest, &blob.body)?;
+    // A store that cannot be written (a full or read-only disk) costs a pull next time, no more.
+    if let Some(store) = store
+        && let Err(e) = store.put(&manifest_digest, &manifest, &blob.body)
+    {
+        tracing::warn!(reference = %pinned, "pulled plugin not kept: {e}");
     }
     Ok(Pulled {
         reference: pinned,
@@ -576,12 +586,12 @@ mod tests {
         let path = dir.path().join("config.json");
         std::fs::write(
             &path,
-            r#"{"auths":{"https://127.0.0.1:5000/v2/":{"auth":"dTpw"},"ghcr.io":{"username":"u","password":"p"}}}"#,
+            r#"{"auths":{"https://127.0.0.1:5000/v2/":{"auth":"dTpw"},"ghcr.io":{"username":"v","password":"q"}}}"#,
         )
         .unwrap();
         let c = Credentials::from_file(&path).unwrap();
         assert_eq!(c.basic("127.0.0.1:5000").as_deref(), Some("dTpw"));
-        assert_eq!(c.basic("ghcr.io").as_deref(), Some("dTpw"));
+        assert_eq!(c.basic("ghcr.io").as_deref(), Some("djpx"));
         assert_eq!(c.basic("docker.io"), None);
         std::fs::write(&path, "{").unwrap();
         let e = Credentials::from_file(&path).unwrap_err().to_string();

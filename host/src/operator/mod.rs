@@ -13,6 +13,7 @@ mod children;
 pub mod lease;
 mod live;
 pub mod metrics;
+pub mod plugins;
 mod reconcile;
 mod report;
 mod status;
@@ -101,6 +102,9 @@ pub struct Settings {
     /// How long one reconciliation may run before `/healthz` fails (the reconcile loop is
     /// stuck; a kubelet then restarts the operator).
     pub stuck_after: Duration,
+    /// Serve the plugins that `Plugin` resources name, loaded live (none: only those given at
+    /// start).
+    pub plugin_resources: Option<plugins::Live>,
 }
 
 impl Settings {
@@ -200,7 +204,9 @@ impl Watched {
 /// What every controller shares.
 pub(crate) struct Shared {
     pub client: kube::Client,
-    pub registry: Arc<Registry>,
+    /// The plugins served: swapped whole when a `Plugin` resource comes, changes or goes; a
+    /// render holds the one it started with.
+    pub registry: RwLock<Arc<Registry>>,
     pub reports: report::Reports,
     pub metrics: Arc<Metrics>,
     /// Where each declared child kind is applied, by `group/version/Kind`: `Err` says why it
@@ -258,6 +264,11 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Shared {
+    /// The plugins served now.
+    pub(crate) fn registry(&self) -> Arc<Registry> {
+        read(&self.registry).clone()
+    }
+
     /// Sends one write of a child (`verb`: apply, delete) within the budget of writes in flight,
     /// counted in `wasm_operator_api_writes_total`.
     pub(crate) async fn write<T>(
@@ -289,10 +300,25 @@ pub(crate) struct KindCtx {
     pub shared: Arc<Shared>,
     pub ar: ApiResource,
     pub controller: String,
-    /// The name of the plugin that serves the Kind (the metrics' `plugin` label).
-    pub plugin: String,
-    /// `name@version (sha256 prefix)` of that plugin, for status.
-    pub plugin_id: String,
+}
+
+impl KindCtx {
+    /// The name of the plugin that serves the Kind now (the metrics' `plugin` label), and
+    /// `name@version (sha256 prefix)` of it, for status. Looked up at each use: a `Plugin`
+    /// resource may swap the plugin while the controller runs.
+    pub(crate) fn plugin(&self) -> (String, String) {
+        match self
+            .shared
+            .registry()
+            .lookup(&self.ar.api_version, &self.ar.kind)
+        {
+            Ok((p, _)) => (
+                p.name().to_owned(),
+                format!("{}@{} ({})", p.name(), p.info().version, &p.sha256()[..12]),
+            ),
+            Err(e) => (String::new(), e.to_string()),
+        }
+    }
 }
 
 /// Runs the operator until `shutdown` resolves (SIGTERM in the binary), then finishes the
@@ -392,15 +418,18 @@ pub async fn run(
     };
     let (trigger_tx, _) = tokio::sync::broadcast::channel::<()>(1);
     let trigger_tx2 = trigger_tx.clone();
+    let (stopping_tx, mut stopping) = watch::channel(false);
     tokio::spawn(async move {
         trigger.await;
+        stopping_tx.send_replace(true);
         let _ = trigger_tx2.send(());
     });
 
     // Reconciliation starts, and the operator is ready, once every watch has listed what it
     // watches (into its store): the operator then sees the cluster.
     let mut listed = children::watch_children(&shared, writers);
-    let kinds: Vec<_> = shared.registry.kinds().collect();
+    let registry = shared.registry();
+    let kinds: Vec<_> = registry.kinds().collect();
     let discovered = discover(
         &client,
         kinds
@@ -410,8 +439,11 @@ pub async fn run(
     .await;
     let controllers = Arc::new(Controllers {
         stop: trigger_tx.clone(),
+        stopping: stopping.clone(),
         running: Mutex::new(Vec::new()),
         rescans: Mutex::new(Vec::new()),
+        kinds: Mutex::new(BTreeMap::new()),
+        finding: tokio::sync::Mutex::new(()),
         unserved: Mutex::new(Vec::new()),
     });
     for ((plugin, kind), found) in kinds.into_iter().zip(discovered) {
@@ -427,7 +459,21 @@ pub async fn run(
             }
         }
     }
-    if lock(&controllers.running).is_empty() {
+    // Plugins served as `Plugin` resources, loaded as they come, change and go.
+    let live = match &settings.plugin_resources {
+        Some(live) => {
+            let (task, first) = plugins::serve(
+                shared.clone(),
+                settings.clone(),
+                controllers.clone(),
+                live.clone(),
+            );
+            listed.push(("plugins.wasm-operator.dev".to_owned(), first));
+            Some(task)
+        }
+        None => None,
+    };
+    if live.is_none() && lock(&controllers.running).is_empty() {
         return Err(Error::NothingToServe(
             "no CRD of any Kind the plugins serve is installed".into(),
         ));
@@ -452,13 +498,19 @@ pub async fn run(
         settings.clone(),
         controllers.clone(),
     ));
-    // Controllers started later (a Kind whose CRD came late) are awaited too.
+    // Until the operator stops (shutdown, or the Lease lost); then every controller, those
+    // started later too (a Kind whose CRD came late, a plugin loaded live), finishes.
+    let _ = stopping.wait_for(|s| *s).await;
+    // Nothing starts controllers from here on.
+    if let Some(live) = live {
+        live.abort();
+    }
+    rediscovery.abort();
     loop {
         let next = lock(&controllers.running).pop();
         let Some(c) = next else { break };
         let _ = c.await;
     }
-    rediscovery.abort();
     // Finish what the last reconciliations had to report before stepping down.
     shared.reports.flush(Duration::from_secs(10)).await;
     for w in report_workers {
@@ -567,7 +619,7 @@ async fn setup(
         fence,
         applies,
         client,
-        registry: Arc::new(registry),
+        registry: RwLock::new(Arc::new(registry)),
         metrics,
         targets: RwLock::new(targets),
         watched: RwLock::new(watched),
@@ -603,6 +655,11 @@ impl FirstList {
     pub(crate) fn new() -> (Self, FirstListDone) {
         let (tx, rx) = tokio::sync::watch::channel(false);
         (Self(tx), rx)
+    }
+
+    /// Says the first list is done (for a watch read without a reflector's `inspect`).
+    pub(crate) fn done(self) {
+        self.0.send_replace(true);
     }
 
     /// Another receiver of the same signal.
@@ -653,73 +710,102 @@ async fn rediscover(shared: Arc<Shared>, settings: Settings, controllers: Arc<Co
             _ = stop.recv() => return,
         }
         controllers.start_found(&shared, &settings).await;
-        let missing = lock(&shared.missing).clone();
-        if missing.is_empty() {
-            continue;
-        }
-        let found = discover(&shared.client, missing.iter().map(|(_, gvk)| gvk.clone())).await;
-        let mut served = Vec::new();
-        for ((key, gvk), found) in missing.into_iter().zip(found) {
-            match found {
-                Ok((ar, caps)) if caps.scope == Scope::Namespaced => served.push((key, ar)),
-                Ok(_) => {
-                    tracing::warn!(kind = %gvk.kind, "installed, but cluster-scoped: children of this kind stay skipped");
-                    lock(&shared.missing).retain(|(k, _)| *k != key);
-                }
-                Err(_) => {}
+        find_missing(&shared, &settings, &controllers).await;
+    }
+}
+
+/// Looks for the declared child kinds not served yet ([`Shared::missing`]); each found is
+/// watched, and applied once its watch has listed; then every resource is reconciled, so that
+/// the children skipped meanwhile are applied.
+pub(crate) async fn find_missing(
+    shared: &Arc<Shared>,
+    settings: &Settings,
+    controllers: &Controllers,
+) {
+    // One search at a time (the periodic one, and a plugin loaded live), so that no kind is
+    // watched twice.
+    let _one = controllers.finding.lock().await;
+    let missing = lock(&shared.missing).clone();
+    if missing.is_empty() {
+        return;
+    }
+    let found = discover(&shared.client, missing.iter().map(|(_, gvk)| gvk.clone())).await;
+    let mut served = Vec::new();
+    for ((key, gvk), found) in missing.into_iter().zip(found) {
+        match found {
+            Ok((ar, caps)) if caps.scope == Scope::Namespaced => served.push((key, ar)),
+            Ok(_) => {
+                tracing::warn!(kind = %gvk.kind, "installed, but cluster-scoped: children of this kind stay skipped");
+                lock(&shared.missing).retain(|(k, _)| *k != key);
             }
-        }
-        if served.is_empty() {
-            continue;
-        }
-        let mut writers = Vec::new();
-        let mut stores = Vec::new();
-        for (_, ar) in &served {
-            let kind = children::kind_key(&ar.api_version, &ar.kind);
-            if !read(&shared.watched).contains_key(&kind) {
-                let (more, watch) = Watched::new(&kind, ar, &settings.scopes());
-                writers.extend(more);
-                stores.push((kind, watch));
-            }
-        }
-        let listed = children::watch_children(&shared, writers);
-        for (name, mut done) in listed {
-            if tokio::time::timeout(SYNC_TIMEOUT, done.wait_for(|d| *d))
-                .await
-                .is_err()
-            {
-                tracing::warn!(watch = %name, "not listed after {SYNC_TIMEOUT:?}; applying it anyway");
-            }
-        }
-        {
-            let mut watched = write(&shared.watched);
-            watched.extend(stores);
-        }
-        {
-            let mut targets = write(&shared.targets);
-            let mut missing = lock(&shared.missing);
-            for (key, ar) in served {
-                tracing::info!(kind = %ar.kind, group = %ar.group, "now served: its children are applied from now on");
-                missing.retain(|(k, _)| *k != key);
-                targets.insert(key, Ok(ar));
-            }
-        }
-        for rescan in lock(&controllers.rescans).iter() {
-            let _ = rescan.unbounded_send(());
+            Err(_) => {}
         }
     }
+    if served.is_empty() {
+        return;
+    }
+    let mut writers = Vec::new();
+    let mut stores = Vec::new();
+    for (_, ar) in &served {
+        let kind = children::kind_key(&ar.api_version, &ar.kind);
+        if !read(&shared.watched).contains_key(&kind) {
+            let (more, watch) = Watched::new(&kind, ar, &settings.scopes());
+            writers.extend(more);
+            stores.push((kind, watch));
+        }
+    }
+    let listed = children::watch_children(shared, writers);
+    for (name, mut done) in listed {
+        if tokio::time::timeout(SYNC_TIMEOUT, done.wait_for(|d| *d))
+            .await
+            .is_err()
+        {
+            tracing::warn!(watch = %name, "not listed after {SYNC_TIMEOUT:?}; applying it anyway");
+        }
+    }
+    {
+        let mut watched = write(&shared.watched);
+        watched.extend(stores);
+    }
+    {
+        let mut targets = write(&shared.targets);
+        let mut missing = lock(&shared.missing);
+        for (key, ar) in served {
+            tracing::info!(kind = %ar.kind, group = %ar.group, "now served: its children are applied from now on");
+            missing.retain(|(k, _)| *k != key);
+            targets.insert(key, Ok(ar));
+        }
+    }
+    for rescan in lock(&controllers.rescans).iter() {
+        let _ = rescan.unbounded_send(());
+    }
+}
+
+/// The controllers of one served Kind (one per watched namespace).
+struct KindControllers {
+    /// Turns true to stop them.
+    stop: watch::Sender<bool>,
+    /// Each asks its controller to reconcile every resource of the Kind.
+    rescans: Vec<mpsc::UnboundedSender<()>>,
 }
 
 /// The controllers of the served Kinds: those running, and the Kinds whose CRD was not
 /// installed at start.
-struct Controllers {
+pub(crate) struct Controllers {
     /// Fires when the operator stops (shutdown, or the Lease lost).
     stop: tokio::sync::broadcast::Sender<()>,
+    /// Turns true when the operator stops, and stays so: a controller started after that (by
+    /// a plugin loaded at that moment) does not start.
+    stopping: watch::Receiver<bool>,
     running: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// One per controller: asks it to reconcile every resource of its Kind.
     rescans: Mutex<Vec<mpsc::UnboundedSender<()>>>,
     /// Served Kinds not installed yet: the plugin's name, the Kind, what to discover.
     unserved: Mutex<Vec<(String, crate::types::KindInfo, GroupVersionKind)>>,
+    /// The controllers of each served Kind, by `apiVersion/Kind`.
+    kinds: Mutex<BTreeMap<String, KindControllers>>,
+    /// Held while missing child kinds are looked for ([`find_missing`]).
+    finding: tokio::sync::Mutex<()>,
 }
 
 impl Controllers {
@@ -734,22 +820,24 @@ impl Controllers {
         kind: &crate::types::KindInfo,
         ar: ApiResource,
     ) -> Vec<(String, FirstListDone)> {
+        if *self.stopping.borrow() {
+            return Vec::new();
+        }
         let controller = format!("{}.{}", kind.plural, kind.group);
-        // The plugin serving a Kind is fixed for the operator's life: looked up once here.
-        let (plugin_name, plugin_id) = match shared.registry.lookup(&ar.api_version, &ar.kind) {
-            Ok((p, _)) => (
-                p.name().to_owned(),
-                format!("{}@{} ({})", p.name(), p.info().version, &p.sha256()[..12]),
-            ),
-            Err(e) => (plugin.to_owned(), e.to_string()),
-        };
         let ctx = Arc::new(KindCtx {
             shared: shared.clone(),
             ar: ar.clone(),
             controller: controller.clone(),
-            plugin: plugin_name,
-            plugin_id,
         });
+        let key = format!("{}/{}", ar.api_version, ar.kind);
+        let kind_stop = lock(&self.kinds)
+            .entry(key.clone())
+            .or_insert_with(|| KindControllers {
+                stop: watch::channel(false).0,
+                rescans: Vec::new(),
+            })
+            .stop
+            .subscribe();
         let mut listed = Vec::new();
         for scope in settings.scopes() {
             let (api, watch): (Api<DynamicObject>, String) = match &scope {
@@ -769,8 +857,12 @@ impl Controllers {
                 .1
                 .push((scope.clone(), tx));
             let (rescan, rescanned) = mpsc::unbounded();
-            lock(&self.rescans).push(rescan);
-            let mut stop = self.stop.subscribe();
+            lock(&self.rescans).push(rescan.clone());
+            if let Some(k) = lock(&self.kinds).get_mut(&key) {
+                k.rescans.push(rescan);
+            }
+            let mut stop = self.stopping.clone();
+            let mut kind_stop = kind_stop.clone();
             // A resource is rendered again when what its render reads changes (spec, labels,
             // annotations), not when only its status does: most of its updates are our own
             // status writes. Children's events, resyncs and retries reach it through the
@@ -794,7 +886,11 @@ impl Controllers {
                 .reconcile_on(rx)
                 .reconcile_all_on(rescanned)
                 .graceful_shutdown_on(async move {
-                    let _ = stop.recv().await;
+                    // The operator stops, or this Kind is no longer served.
+                    tokio::select! {
+                        _ = stop.wait_for(|s| *s) => {}
+                        _ = kind_stop.wait_for(|s| *s) => {}
+                    }
                 })
                 .run(reconcile::reconcile, reconcile::error_policy, ctx.clone())
                 .for_each(move |result| {
@@ -812,6 +908,32 @@ impl Controllers {
             listed.push((watch, done));
         }
         listed
+    }
+
+    /// Whether the controllers of `apiVersion/Kind` run.
+    pub(crate) fn serves(&self, key: &str) -> bool {
+        lock(&self.kinds).contains_key(key)
+    }
+
+    /// Asks the controllers of `apiVersion/Kind` to reconcile every resource of it.
+    pub(crate) fn rescan(&self, key: &str) {
+        if let Some(k) = lock(&self.kinds).get(key) {
+            for rescan in &k.rescans {
+                let _ = rescan.unbounded_send(());
+            }
+        }
+    }
+
+    /// Stops the controllers of `apiVersion/Kind` (its plugin is gone); resources of it are
+    /// left as they are.
+    pub(crate) fn stop_kind(&self, shared: &Shared, key: &str) {
+        if let Some(k) = lock(&self.kinds).remove(key) {
+            let _ = k.stop.send(true);
+        }
+        lock(&shared.owners).remove(key);
+        lock(&self.unserved).retain(|(_, kind, gvk)| {
+            format!("{}/{}/{}", gvk.group, gvk.version, kind.kind).trim_start_matches('/') != key
+        });
     }
 
     /// Starts the controllers of the served Kinds whose CRD has been installed since.

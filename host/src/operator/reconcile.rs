@@ -269,7 +269,9 @@ async fn render(
     ctx: &KindCtx,
 ) -> Result<Result<Vec<Value>, RenderError>, ReconcileError> {
     let shared = &ctx.shared;
-    let registry = shared.registry.clone();
+    // The plugins as they are now: a swap meanwhile does not touch this render.
+    let registry = shared.registry();
+    let plugin = ctx.plugin().0;
     let resource = owner.resource.clone();
     let started = Instant::now();
     let task = tokio::task::spawn_blocking(move || {
@@ -278,14 +280,15 @@ async fn render(
     let rendered = match tokio::time::timeout(shared.render_wait, task).await {
         Ok(joined) => joined?,
         Err(_) => Err(RenderError::Plugin {
-            plugin: ctx.plugin.clone(),
+            plugin: plugin.clone(),
             error: PluginError::Deadline(shared.render_wait),
         }),
     };
     Metrics::observe(
-        &shared.metrics.render_time.get_or_create(&PluginLabels {
-            plugin: ctx.plugin.clone(),
-        }),
+        &shared
+            .metrics
+            .render_time
+            .get_or_create(&PluginLabels { plugin }),
         started.elapsed(),
     );
     Ok(rendered)
@@ -304,7 +307,7 @@ fn report_render_failure(
         .metrics
         .render_failures
         .get_or_create(&FailureLabels {
-            plugin: ctx.plugin.clone(),
+            plugin: ctx.plugin().0,
             reason: e.reason().to_owned(),
         })
         .inc();
@@ -1033,7 +1036,7 @@ fn write_status(
     current: Option<&Value>,
     outcome: &Outcome,
 ) -> bool {
-    let desired = status::status(outcome, owner.resource.generation, current, &ctx.plugin_id);
+    let desired = status::status(outcome, owner.resource.generation, current, &ctx.plugin().1);
     let comparable = |v: &Value| {
         let mut v = v.clone();
         if let Some(conds) = v.get_mut("conditions").and_then(Value::as_array_mut) {

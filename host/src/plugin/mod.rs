@@ -118,7 +118,8 @@ pub struct LoadFailure {
     pub anatomy: Option<Anatomy>,
 }
 
-/// The wasmtime engine, WASI linker and compile cache that every plugin shares.
+/// The wasmtime engine, WASI linker and compile cache that every plugin shares. Cheap to clone.
+#[derive(Clone)]
 pub struct Runtime {
     engine: Engine,
     linker: Linker<sandbox::Sandbox>,
@@ -170,6 +171,21 @@ impl Runtime {
     /// The limits every call runs under.
     pub fn limits(&self) -> Limits {
         self.limits
+    }
+
+    /// The same engine and cache, with the calls of the plugins it loads under `limits` instead,
+    /// each at most this runtime's own (its instance pool is sized for those).
+    pub fn with_limits(&self, limits: Limits) -> Self {
+        let own = self.limits;
+        Self {
+            limits: Limits {
+                deadline: limits.deadline.min(own.deadline),
+                memory_bytes: limits.memory_bytes.min(own.memory_bytes),
+                output_bytes: limits.output_bytes.min(own.output_bytes),
+                max_manifests: limits.max_manifests.min(own.max_manifests),
+            },
+            ..self.clone()
+        }
     }
 
     /// Loads a plugin from a file.

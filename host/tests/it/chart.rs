@@ -111,9 +111,17 @@ fn helm_lint_passes() {
 #[test]
 fn the_chart_installs_what_host_crds_and_host_rbac_print() {
     for group in ["hanzo.ai", "example.com"] {
-        let chart = documents(&template(&[&format!("apiGroup={group}")]));
+        let chart = documents(&template(&[
+            &format!("apiGroup={group}"),
+            "pluginResources.enabled=true",
+        ]));
         let host_crds = documents(&host_ok(&["crds", "--api-group", group]));
-        let host_rbac = documents(&host_ok(&["rbac", "--api-group", group]));
+        let host_rbac = documents(&host_ok(&[
+            "rbac",
+            "--api-group",
+            group,
+            "--plugin-resources",
+        ]));
 
         let (want, got) = (crds(&host_crds), crds(&chart));
         assert_eq!(
@@ -134,6 +142,16 @@ fn the_chart_installs_what_host_crds_and_host_rbac_print() {
                 "the chart's {kind} under {group} differs from `host rbac`; run scripts/generate"
             );
         }
+        // With Plugin resources off (the default), the ClusterRole is `host rbac`'s without them.
+        let default = documents(&template(&[&format!("apiGroup={group}")]));
+        assert_eq!(
+            rules(&default, "ClusterRole"),
+            rules(
+                &documents(&host_ok(&["rbac", "--api-group", group])),
+                "ClusterRole"
+            ),
+            "the chart's default ClusterRole under {group} differs from `host rbac`"
+        );
         for doc in chart.iter().filter(|d| d.get("rules").is_some()) {
             assert!(
                 !doc["rules"].to_string().contains('*'),
@@ -198,7 +216,10 @@ fn the_values_reach_what_the_chart_renders() {
         assert!(env.contains(variable) && env.contains(dir), "{env}");
         assert!(mounts.contains(dir), "{mounts}");
     }
-    assert!(volumes.contains("registry-login") && volumes.contains("registry-ca"), "{volumes}");
+    assert!(
+        volumes.contains("registry-login") && volumes.contains("registry-ca"),
+        "{volumes}"
+    );
     for want in [
         "--require-digest",
         "--namespace=app,web",
@@ -229,6 +250,43 @@ fn the_values_reach_what_the_chart_renders() {
     assert_eq!(bindings(&docs).len(), 2, "{:?}", bindings(&docs));
     assert_eq!(bindings(&docs), bindings(&host_rbac));
     assert!(bindings(&docs).iter().all(|b| b[0] == "RoleBinding"));
+    assert!(!args.contains(&"--plugin-resources"));
+    // With Plugin resources too, what they need (cluster-wide by nature) is a ClusterRole of its
+    // own, bound cluster-wide, as `host rbac` makes it.
+    let docs = documents(&template(&[
+        "watchNamespaces={app,web}",
+        "pluginResources.enabled=true",
+    ]));
+    let host_rbac = documents(&host_ok(&[
+        "rbac",
+        "--watch-namespace",
+        "app,web",
+        "--plugin-resources",
+    ]));
+    assert_eq!(bindings(&docs), bindings(&host_rbac));
+    let plugin_role = |docs: &[Value]| {
+        docs.iter()
+            .find(|d| {
+                d["kind"] == "ClusterRole" && d["metadata"]["name"] == "wasm-operator-plugins"
+            })
+            .map(|d| d["rules"].clone())
+            .expect("the Plugin resources' ClusterRole")
+    };
+    assert_eq!(plugin_role(&docs), plugin_role(&host_rbac));
+    assert_eq!(
+        rules(&docs, "ClusterRole"),
+        rules(&host_rbac, "ClusterRole")
+    );
+    assert!(
+        deployment(&docs)["spec"]["template"]["spec"]["containers"][0]["args"]
+            .to_string()
+            .contains("--plugin-resources")
+    );
+    assert!(
+        docs.iter()
+            .any(|d| d["metadata"]["name"] == "plugins.wasm-operator.dev"),
+        "the Plugin CRD"
+    );
     // The single value of earlier versions is refused, saying what replaced it.
     let out = helm(&[
         "template",

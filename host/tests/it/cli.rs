@@ -198,7 +198,8 @@ fn version_names_the_engine_the_contract_and_each_builtin_digest() {
 /// change (scripts/generate).
 #[test]
 fn the_charts_rbac_is_what_host_rbac_prints() {
-    let out = host(&["rbac"], None);
+    // With the rules for Plugin resources, which the chart grants when they are on.
+    let out = host(&["rbac", "--plugin-resources"], None);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let committed =
         std::fs::read_to_string(root().join("charts/wasm-operator/files/rbac.yaml")).unwrap();

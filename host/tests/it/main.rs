@@ -10,6 +10,7 @@ mod image;
 mod judge;
 mod oci;
 mod operator;
+mod plugins;
 mod render;
 mod roundtrip;
 mod sandbox;

@@ -114,6 +114,15 @@ fn a_pushed_plugin_pulls_back_byte_for_byte_by_tag_and_by_digest() {
         "{text}"
     );
 
+    // `host check` takes the reference as it takes a file.
+    let report: serde_json::Value = serde_json::from_str(&host_ok(
+        dir.path(),
+        &["check", "-o", "json", &pinned, &kvcluster_example()],
+    ))
+    .unwrap();
+    assert_eq!(report["passed"], true, "{report}");
+    assert_eq!(report["source"], pinned.as_str());
+
     // `--plugin oci://` serves the pulled plugin: the render names it.
     let rendered = host_ok(
         dir.path(),

@@ -52,6 +52,7 @@ impl Operator {
             render_wait: Duration::from_secs(3),
             unready_after: Duration::from_secs(30),
             stuck_after: Duration::from_secs(120),
+            plugin_resources: None,
         };
         Self::start_settings(client, group, extra, settings).await
     }
@@ -841,6 +842,7 @@ async fn watching_some_namespaces_it_needs_and_touches_those_alone() {
         render_wait: Duration::from_secs(3),
         unready_after: Duration::from_secs(30),
         stuck_after: Duration::from_secs(120),
+        plugin_resources: None,
     };
     let op = Operator::start_settings(client, "hanzo.ai", &[], settings).await;
     for ns in [&a, &b, &elsewhere] {
@@ -1430,6 +1432,7 @@ async fn healthz_and_readyz_follow_a_partition() {
         render_wait: Duration::from_secs(3),
         unready_after: Duration::from_secs(3),
         stuck_after: Duration::from_secs(3),
+        plugin_resources: None,
     };
     let op = Operator::start_settings(
         cp.client_via(&proxy.url()).await.unwrap(),

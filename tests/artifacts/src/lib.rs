@@ -2,6 +2,9 @@
 
 /// The plugin that misbehaves on request (`tests/guests/hostile`).
 pub const HOSTILE: &str = env!("HOSTILE_WASM");
+/// The same plugin, its next version (the `next-version` feature): `ok` renders its ConfigMap
+/// with one more key, for the tests of an upgrade.
+pub const HOSTILE_NEXT: &str = env!("HOSTILE_NEXT_WASM");
 /// A plugin built against a future major version of the contract (`tests/guests/incompatible`).
 pub const INCOMPATIBLE: &str = env!("INCOMPATIBLE_WASM");
 /// A plugin component with two core modules of one 40 MiB memory each, whose `describe` and

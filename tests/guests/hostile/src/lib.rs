@@ -94,7 +94,12 @@ impl Plugin for Hostile {
     fn describe(_ctx: &Context) -> PluginInfo {
         PluginInfo {
             name: "hostile".into(),
-            version: "0.0.0".into(),
+            version: if cfg!(feature = "next-version") {
+                "0.0.1"
+            } else {
+                "0.0.0"
+            }
+            .into(),
             kinds: vec![KindInfo {
                 group: "test.wasm-operator.dev".into(),
                 versions: vec!["v1".into()],
@@ -118,6 +123,12 @@ impl Plugin for Hostile {
         let mode = r.spec.get("mode").and_then(Value::as_str).unwrap_or("ok");
         let ns = r.namespace.as_str();
         Ok(match mode {
+            "ok" if cfg!(feature = "next-version") => vec![config_map(
+                r,
+                &r.name,
+                ns,
+                json!({ "mode": "ok", "version": "next" }),
+            )],
             "ok" => vec![config_map(r, &r.name, ns, json!({ "mode": "ok" }))],
             // An autoscaling/v2 HPA, while the plugin also declares v1 (which the host may watch).
             "hpa-v2" => vec![json!({

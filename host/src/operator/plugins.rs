@@ -1,0 +1,934 @@
+//! Plugins as cluster resources, loaded live: a `Plugin` (`wasm-operator.dev/v1alpha1`,
+//! cluster-scoped) names a component in an OCI registry by digest, with optional sandbox limits.
+//! For each, without a restart, the operator pulls it (checked against its digest), compiles it
+//! (the compile cache), runs the checks of `host check`, makes sure its ServiceAccount may do
+//! what the plugin needs, installs or updates the CRDs of its Kinds (server-side apply, only
+//! CRDs that are the Plugin's own), then serves its Kinds.
+//!
+//! A new digest swaps the plugin: renders in flight finish on the version they started with
+//! (each holds the registry it began with), then every resource of its Kinds is reconciled with
+//! the new one. A version that fails to pull, verify, check or load leaves the last good one
+//! serving, and the Plugin's status says why. A Plugin deleted stops its controllers; its CRDs
+//! and every resource of its Kinds stay.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::channel::mpsc;
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::ResourceExt as _;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::GroupVersionKind;
+use kube::discovery::ApiResource;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::{Value, json};
+
+use super::{
+    Controllers, FIELD_MANAGER, FirstList, FirstListDone, Settings, Shared, discover, gvk_key,
+    lock, watch_config, watch_health, write,
+};
+use crate::oci::{self, Reference};
+use crate::plugin::{Limits, Plugin, Runtime};
+use crate::registry::Registry;
+
+/// The group of the `Plugin` Kind.
+pub const GROUP: &str = "wasm-operator.dev";
+/// Its version.
+pub const VERSION: &str = "v1alpha1";
+/// The Kind.
+pub const KIND: &str = "Plugin";
+/// Its resource name.
+pub const PLURAL: &str = "plugins";
+/// The annotation on a CRD that a `Plugin` installed: the Plugin's name. A CRD without it (or
+/// naming another Plugin) is not the Plugin's, and is never written.
+pub const CRD_OWNER: &str = "wasm-operator.dev/plugin-resource";
+
+/// What loading plugins live needs besides the operator's settings.
+#[derive(Debug, Clone)]
+pub struct Live {
+    /// The engine, linker and compile cache plugins are loaded with (and the most any Plugin's
+    /// limits may ask for).
+    pub runtime: Runtime,
+    /// How registries are reached.
+    pub registries: oci::Options,
+    /// Where pulled plugins are kept by digest.
+    pub store: Option<oci::Store>,
+}
+
+/// The `Plugin` resource.
+pub fn api_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(GROUP, VERSION, KIND), PLURAL)
+}
+
+/// The CRD of the `Plugin` Kind.
+pub fn crd() -> Value {
+    let duration = json!({ "type": "string", "pattern": "^[0-9]+(\\.[0-9]+)?(ms|s|m)?$" });
+    let size = json!({ "type": "string", "pattern": "^[0-9]+(Ki|Mi|Gi)?B?$" });
+    let condition = json!({
+        "type": "object",
+        "required": ["type", "status"],
+        "properties": {
+            "type": { "type": "string" },
+            "status": { "type": "string" },
+            "reason": { "type": "string" },
+            "message": { "type": "string" },
+            "observedGeneration": { "type": "integer", "format": "int64" },
+            "lastTransitionTime": { "type": "string", "format": "date-time" },
+        },
+    });
+    let schema = json!({
+        "type": "object",
+        "description": "A plugin served by the wasm-operator, loaded live from an OCI registry.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": { "type": "string" },
+            "kind": { "type": "string" },
+            "metadata": { "type": "object" },
+            "spec": {
+                "type": "object",
+                "required": ["image"],
+                "properties": {
+                    "image": {
+                        "type": "string",
+                        "description": "The component: oci://REGISTRY/REPOSITORY[:TAG]@sha256:DIGEST (pinned by digest).",
+                        "pattern": "^(oci://)?[^@]+@sha256:[0-9a-f]{64}$",
+                    },
+                    "limits": {
+                        "type": "object",
+                        "description": "The sandbox of each call, each at most the operator's own.",
+                        "properties": {
+                            "timeout": duration,
+                            "memory": size,
+                            "output": size,
+                            "maxManifests": { "type": "integer", "minimum": 1, "format": "int32" },
+                        },
+                    },
+                },
+            },
+            "status": {
+                "type": "object",
+                "properties": {
+                    "observedGeneration": { "type": "integer", "format": "int64" },
+                    "conditions": { "type": "array", "items": condition },
+                    "image": { "type": "string", "description": "The reference served." },
+                    "digest": { "type": "string", "description": "The manifest digest served." },
+                    "sha256": { "type": "string", "description": "The component's sha256." },
+                    "plugin": { "type": "string", "description": "Its name and version." },
+                    "kinds": { "type": "array", "items": { "type": "string" } },
+                },
+            },
+        },
+    });
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": format!("{PLURAL}.{GROUP}"),
+            "labels": { "app.kubernetes.io/managed-by": "wasm-operator" },
+        },
+        "spec": {
+            "group": GROUP,
+            "names": { "kind": KIND, "listKind": "PluginList", "plural": PLURAL, "singular": "plugin", "categories": ["wasm-operator"] },
+            "scope": "Cluster",
+            "versions": [{
+                "name": VERSION,
+                "served": true,
+                "storage": true,
+                "schema": { "openAPIV3Schema": schema },
+                "subresources": { "status": {} },
+                "additionalPrinterColumns": [
+                    { "name": "Plugin", "type": "string", "jsonPath": ".status.plugin" },
+                    { "name": "Ready", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Ready\")].status" },
+                    { "name": "Status", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Ready\")].message", "priority": 1 },
+                    { "name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp" },
+                ],
+            }],
+        },
+    })
+}
+
+/// A plugin loaded from a `Plugin` resource.
+struct Loaded {
+    /// The reference served, pinned.
+    reference: Reference,
+    /// The limits it was loaded with.
+    limits: Limits,
+    plugin: Plugin,
+    /// `apiVersion/Kind` of each Kind it serves (controllers' keys).
+    kinds: Vec<String>,
+}
+
+impl Loaded {
+    /// What the Plugin's status says of what is served.
+    fn status(&self) -> Value {
+        json!({
+            "image": format!("{}{}", oci::SCHEME, self.reference),
+            "digest": self.reference.digest,
+            "sha256": format!("sha256:{}", self.plugin.sha256()),
+            "plugin": format!("{} {}", self.plugin.name(), self.plugin.info().version),
+            "kinds": self.plugin.info().kinds.iter().map(|k| format!("{}.{}", k.kind, k.group)).collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// Why a Plugin is not served as asked.
+struct Refusal {
+    /// Short CamelCase.
+    reason: &'static str,
+    message: String,
+    /// Whether trying again may help (a registry down): retried with backoff.
+    transient: bool,
+}
+
+impl Refusal {
+    fn stalled(reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            reason,
+            message: message.into(),
+            transient: false,
+        }
+    }
+
+    fn transient(reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            reason,
+            message: message.into(),
+            transient: true,
+        }
+    }
+}
+
+/// The state of live loading: the plugins given at start, and those loaded since.
+struct Loader {
+    shared: Arc<Shared>,
+    settings: Settings,
+    controllers: Arc<Controllers>,
+    live: Live,
+    /// The registry at start (built-in plugins and `--plugin`), which every registry served
+    /// since extends.
+    base: Arc<Registry>,
+    loaded: BTreeMap<String, Loaded>,
+    /// Failures in a row per Plugin, for backoff.
+    failures: BTreeMap<String, u32>,
+    /// The generation of each Plugin last acted on, and whether it is served as asked: the same
+    /// generation again (the echo of our own status write, a relist) is no news.
+    attempted: BTreeMap<String, (i64, bool)>,
+    /// The Plugins with a retry on its way.
+    pending: std::collections::BTreeSet<String>,
+    retry: mpsc::UnboundedSender<String>,
+}
+
+/// Watches `Plugin` resources and serves what they name. Returns the task, and what says when
+/// the watch has first listed.
+pub(crate) fn serve(
+    shared: Arc<Shared>,
+    settings: Settings,
+    controllers: Arc<Controllers>,
+    live: Live,
+) -> (tokio::task::JoinHandle<()>, FirstListDone) {
+    let ar = api_resource();
+    let api: Api<DynamicObject> = Api::all_with(shared.client.clone(), &ar);
+    let writer = reflector::store::Writer::<DynamicObject>::new(ar);
+    let store = writer.as_reader();
+    let (first_list, done) = FirstList::new();
+    let health = shared.metrics.clone();
+    let events = reflector::reflector(writer, watcher(api, watch_config()))
+        .inspect(move |event| watch_health(&health, "plugins.wasm-operator.dev", event))
+        .default_backoff();
+    let (retry, retries) = mpsc::unbounded();
+    let mut loader = Loader {
+        base: shared.registry(),
+        shared,
+        settings,
+        controllers,
+        live,
+        loaded: BTreeMap::new(),
+        failures: BTreeMap::new(),
+        attempted: BTreeMap::new(),
+        pending: std::collections::BTreeSet::new(),
+        retry,
+    };
+    let task = tokio::spawn(async move {
+        enum Item {
+            Event(Box<Result<watcher::Event<DynamicObject>, watcher::Error>>),
+            Retry(String),
+        }
+        let events = Box::pin(events.map(|e| Item::Event(Box::new(e))));
+        let retries = retries.map(Item::Retry);
+        let mut items = futures::stream::select(events, retries);
+        // The first list is loaded whole before the operator says it has synced: a replica
+        // that becomes leader serves every Plugin before it reports ready.
+        let mut first_list = Some(first_list);
+        while let Some(item) = items.next().await {
+            let item = match item {
+                Item::Event(e) => Ok(*e),
+                Item::Retry(name) => Err(name),
+            };
+            match item {
+                Ok(Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o))) => {
+                    loader.sync(&o, false).await;
+                }
+                Ok(Ok(watcher::Event::Delete(o))) => loader.remove(&o.name_any()),
+                Ok(Ok(watcher::Event::InitDone)) => {
+                    // After a relist, what is loaded but no longer listed was deleted meanwhile.
+                    let gone: Vec<String> = loader
+                        .loaded
+                        .keys()
+                        .filter(|name| {
+                            store
+                                .get(&reflector::ObjectRef::new_with(name, api_resource()))
+                                .is_none()
+                        })
+                        .cloned()
+                        .collect();
+                    for name in gone {
+                        loader.remove(&name);
+                    }
+                    if let Some(first) = first_list.take() {
+                        first.done();
+                    }
+                }
+                Ok(Ok(watcher::Event::Init) | Err(_)) => {}
+                Err(name) => {
+                    loader.pending.remove(&name);
+                    if let Some(o) = current(&store, &name) {
+                        loader.sync(&o, true).await;
+                    }
+                }
+            }
+        }
+    });
+    (task, done)
+}
+
+/// How often a Plugin refused for a reason that retrying alone does not change (a rule missing,
+/// a Kind another serves) is looked at again.
+const STALLED_RETRY: Duration = Duration::from_secs(300);
+
+/// How long to wait after the `n`th transient failure in a row: 1 s doubling to 5 minutes.
+fn retry_after(n: u32) -> Duration {
+    Duration::from_secs(
+        1u64.checked_shl(n.saturating_sub(1).min(9))
+            .unwrap_or(300)
+            .min(300),
+    )
+}
+
+/// The Plugin named `name`, as the watch shows it now.
+fn current(store: &Store<DynamicObject>, name: &str) -> Option<Arc<DynamicObject>> {
+    store.get(&reflector::ObjectRef::new_with(name, api_resource()))
+}
+
+impl Loader {
+    /// Serves what the Plugin `o` asks for, or says in its status why not; `again` when it is
+    /// a retry (else a generation already acted on is left alone).
+    async fn sync(&mut self, o: &DynamicObject, again: bool) {
+        let name = o.name_any();
+        let generation = o.metadata.generation.unwrap_or(0);
+        if !again
+            && self
+                .attempted
+                .get(&name)
+                .is_some_and(|(g, _)| *g == generation)
+        {
+            return;
+        }
+        match self.load(&name, o).await {
+            Ok(changed) => {
+                self.failures.remove(&name);
+                self.attempted.insert(name.clone(), (generation, true));
+                let loaded = &self.loaded[&name];
+                if changed {
+                    tracing::info!(plugin = %name, image = %loaded.reference, "serving");
+                }
+                let status = loaded.status();
+                let message = format!(
+                    "serving {} ({})",
+                    loaded
+                        .plugin
+                        .info()
+                        .kinds
+                        .iter()
+                        .map(|k| k.kind.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    loaded.reference.digest.as_deref().unwrap_or_default()
+                );
+                self.write_status(o, generation, status, None, &message)
+                    .await;
+            }
+            Err(refusal) => {
+                let served = self.loaded.get(&name).map(|l| l.reference.to_string());
+                let mut message = refusal.message.clone();
+                match &served {
+                    Some(r) => message.push_str(&format!("; still serving oci://{r}")),
+                    None => message.push_str("; nothing of it is served"),
+                }
+                tracing::warn!(plugin = %name, reason = refusal.reason, "{message}");
+                let n = {
+                    let n = self.failures.entry(name.clone()).or_insert(0);
+                    *n += 1;
+                    *n
+                };
+                self.attempted.insert(name.clone(), (generation, false));
+                // What may pass when tried again is, with backoff; what will not pass until
+                // something else changes (a rule granted, another Plugin gone) is looked at
+                // again now and then, and at once when a Plugin goes.
+                let wait = if refusal.transient {
+                    retry_after(n)
+                } else {
+                    STALLED_RETRY
+                };
+                self.retry_later(&name, wait);
+                // The status keeps saying what is served.
+                let status = self
+                    .loaded
+                    .get(&name)
+                    .map_or_else(|| json!({}), Loaded::status);
+                self.write_status(o, generation, status, Some(&refusal), &message)
+                    .await;
+            }
+        }
+    }
+
+    /// Asks for the Plugin `name` to be synced again after `wait`, unless that is asked already.
+    fn retry_later(&mut self, name: &str, wait: Duration) {
+        if !self.pending.insert(name.to_owned()) {
+            return;
+        }
+        let retry = self.retry.clone();
+        let name = name.to_owned();
+        tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            let _ = retry.unbounded_send(name);
+        });
+    }
+
+    /// Loads the plugin `o` names unless it is served already; returns whether anything
+    /// changed.
+    async fn load(&mut self, name: &str, o: &DynamicObject) -> Result<bool, Refusal> {
+        let spec = o.data.get("spec").cloned().unwrap_or(Value::Null);
+        let image = spec["image"].as_str().unwrap_or_default();
+        let reference = Reference::parse(image)
+            .map_err(|e| Refusal::stalled("InvalidImage", format!("spec.image: {e}")))?;
+        if reference.digest.is_none() {
+            return Err(Refusal::stalled(
+                "TagNotAllowed",
+                format!(
+                    "spec.image: {image} names no digest: pin it (`host push` and `host pull` print REF@sha256:...)"
+                ),
+            ));
+        }
+        let limits = self.limits(&spec)?;
+        if let Some(l) = self.loaded.get(name)
+            && l.reference.digest == reference.digest
+            && l.limits == limits
+        {
+            return Ok(false);
+        }
+        let pulled = oci::pull(
+            &reference,
+            &self.live.registries,
+            self.live.store.as_ref(),
+            true,
+        )
+        .await
+        .map_err(|e| match e {
+            oci::Error::Unreachable { .. } | oci::Error::Registry { .. } => {
+                Refusal::transient("PullFailed", e.to_string())
+            }
+            other => Refusal::stalled("PullFailed", other.to_string()),
+        })?;
+        let source = format!("Plugin/{name} ({}{})", oci::SCHEME, pulled.reference);
+        let runtime = self.live.runtime.with_limits(limits);
+        let ctx = self.base.context().clone();
+        let (report, plugin) = {
+            let (wasm, source, ctx) = (pulled.wasm, source.clone(), ctx.clone());
+            tokio::task::spawn_blocking(move || {
+                let report = crate::check::check(&runtime, &wasm, &source, &ctx, &[]);
+                let plugin = report.passed.then(|| runtime.load(&wasm, &source, &ctx));
+                (report, plugin)
+            })
+            .await
+            .map_err(|e| Refusal::transient("LoadFailed", e.to_string()))?
+        };
+        let plugin = match plugin {
+            Some(Ok(plugin)) => plugin,
+            Some(Err(e)) => return Err(Refusal::stalled("LoadFailed", e.to_string())),
+            None => {
+                let failed: Vec<String> = report
+                    .findings
+                    .iter()
+                    .filter(|f| f.outcome == crate::check::Outcome::Fail)
+                    .map(|f| format!("{}: {}", f.check, f.detail))
+                    .collect();
+                return Err(Refusal::stalled(
+                    "CheckFailed",
+                    format!("host check failed: {}", failed.join("; ")),
+                ));
+            }
+        };
+        // Every other plugin stays as it is; this one replaces its own last version only.
+        let candidate = self.registry(Some((name, &plugin))).map_err(|e| match e {
+            crate::Error::KindConflict { .. } => Refusal::stalled("KindConflict", e.to_string()),
+            other => Refusal::stalled("LoadFailed", other.to_string()),
+        })?;
+        self.allowed(&plugin).await?;
+        if !self.shared.fence.allows() {
+            return Err(Refusal::transient(
+                "NotLeading",
+                "this replica does not hold the Lease",
+            ));
+        }
+        self.install_crds(name, &plugin).await?;
+        // Its child kinds are watched (and listed), and its Kinds discovered, before anything
+        // of it is served: every step that can fail comes before the swap.
+        self.watch_children(&plugin);
+        super::find_missing(&self.shared, &self.settings, &self.controllers).await;
+        let mut kinds = Vec::new();
+        for kind in &plugin.info().kinds {
+            let gvk = GroupVersionKind::gvk(&kind.group, &kind.versions[0], &kind.kind);
+            let key = format!("{}/{}/{}", kind.group, kind.versions[0], kind.kind);
+            let ar = if self.controllers.serves(&key) {
+                None
+            } else {
+                match discover(&self.shared.client, std::iter::once(gvk))
+                    .await
+                    .pop()
+                {
+                    Some(Ok((ar, _))) => Some(ar),
+                    _ => {
+                        return Err(Refusal::transient(
+                            "CrdNotServed",
+                            format!("the API server does not serve {key} yet"),
+                        ));
+                    }
+                }
+            };
+            kinds.push((key, kind.clone(), ar));
+        }
+
+        // The swap, which cannot fail. Kinds the last version served and this one does not
+        // are stopped first (a render of them would find no plugin); renders in flight keep
+        // the registry they started with; then the Kinds are served, or all their resources
+        // reconciled again with the new version.
+        if let Some(previous) = self.loaded.get(name) {
+            for key in previous
+                .kinds
+                .iter()
+                .filter(|k| !kinds.iter().any(|(n, _, _)| n == *k))
+            {
+                self.controllers.stop_kind(&self.shared, key);
+            }
+        }
+        *write(&self.shared.registry) = Arc::new(candidate);
+        for (key, kind, ar) in &kinds {
+            match ar {
+                None => self.controllers.rescan(key),
+                Some(ar) => {
+                    self.controllers.start(
+                        &self.shared,
+                        &self.settings,
+                        plugin.name(),
+                        kind,
+                        ar.clone(),
+                    );
+                }
+            }
+        }
+        self.loaded.insert(
+            name.to_owned(),
+            Loaded {
+                reference: pulled.reference,
+                limits,
+                plugin,
+                kinds: kinds.into_iter().map(|(key, _, _)| key).collect(),
+            },
+        );
+        Ok(true)
+    }
+
+    /// The sandbox limits `spec.limits` asks for, within the operator's own.
+    fn limits(&self, spec: &Value) -> Result<Limits, Refusal> {
+        let mut limits = self.live.runtime.limits();
+        let l = &spec["limits"];
+        let bad = |field: &str, e: String| {
+            Refusal::stalled("InvalidLimits", format!("spec.limits.{field}: {e}"))
+        };
+        if let Some(t) = l["timeout"].as_str() {
+            limits.deadline = crate::cli::parse_duration(t).map_err(|e| bad("timeout", e))?;
+        }
+        if let Some(m) = l["memory"].as_str() {
+            limits.memory_bytes = crate::cli::parse_bytes(m).map_err(|e| bad("memory", e))?;
+        }
+        if let Some(o) = l["output"].as_str() {
+            limits.output_bytes = crate::cli::parse_bytes(o).map_err(|e| bad("output", e))?;
+        }
+        if let Some(n) = l["maxManifests"].as_u64() {
+            limits.max_manifests = usize::try_from(n).unwrap_or(usize::MAX);
+        }
+        Ok(self.live.runtime.with_limits(limits).limits())
+    }
+
+    /// The registry of the plugins at start and every Plugin loaded, with `with` (a Plugin's
+    /// name and plugin) in place of that Plugin's last version.
+    fn registry(&self, with: Option<(&str, &Plugin)>) -> crate::Result<Registry> {
+        let mut registry = (*self.base).clone();
+        for (name, l) in &self.loaded {
+            if with.is_none_or(|(n, _)| n != name) {
+                registry = registry.with(l.plugin.clone())?;
+            }
+        }
+        if let Some((_, plugin)) = with {
+            registry = registry.with(plugin.clone())?;
+        }
+        Ok(registry)
+    }
+
+    /// Refuses a plugin whose Kinds or child kinds the operator's ServiceAccount may not read
+    /// or write, naming the first rule missing.
+    async fn allowed(&self, plugin: &Plugin) -> Result<(), Refusal> {
+        let mut wanted: Vec<(String, String, Option<String>, &[&str])> = vec![(
+            "apiextensions.k8s.io".into(),
+            "customresourcedefinitions".into(),
+            None,
+            &["get", "create", "patch"],
+        )];
+        // In every namespace the operator watches (or cluster-wide).
+        for namespace in self.settings.scopes() {
+            for kind in &plugin.info().kinds {
+                wanted.push((
+                    kind.group.clone(),
+                    kind.plural.clone(),
+                    namespace.clone(),
+                    &["get", "list", "watch"],
+                ));
+                wanted.push((
+                    kind.group.clone(),
+                    format!("{}/status", kind.plural),
+                    namespace.clone(),
+                    &["patch"],
+                ));
+            }
+            for child in &plugin.info().children {
+                wanted.push((
+                    child.group.clone(),
+                    crate::rbac::plural(&child.kind),
+                    namespace.clone(),
+                    &["get", "list", "watch", "create", "patch", "delete"],
+                ));
+            }
+        }
+        let api: Api<SelfSubjectAccessReview> = Api::all(self.shared.client.clone());
+        for (group, resource, namespace, verbs) in wanted {
+            for verb in verbs {
+                let (plural, subresource) = match resource.split_once('/') {
+                    Some((p, s)) => (p.to_owned(), Some(s.to_owned())),
+                    None => (resource.clone(), None),
+                };
+                let review = SelfSubjectAccessReview {
+                    spec: SelfSubjectAccessReviewSpec {
+                        resource_attributes: Some(ResourceAttributes {
+                            group: Some(group.clone()),
+                            resource: Some(plural),
+                            subresource,
+                            verb: Some((*verb).to_owned()),
+                            namespace: namespace.clone(),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                };
+                let answer = api
+                    .create(&PostParams::default(), &review)
+                    .await
+                    .map_err(|e| Refusal::transient("AccessReviewFailed", e.to_string()))?;
+                if !answer.status.is_some_and(|s| s.allowed) {
+                    let group_shown = if group.is_empty() { "\"\"" } else { &group };
+                    return Err(Refusal::stalled(
+                        "Forbidden",
+                        format!(
+                            "the operator's ServiceAccount may not {verb} {resource}{}{}: grant the rule {{apiGroups: [{group_shown}], resources: [{resource}], verbs: [{verb}]}} (`host rbac --plugin {}` prints every rule the plugin needs)",
+                            if group.is_empty() {
+                                String::new()
+                            } else {
+                                format!(".{group}")
+                            },
+                            namespace
+                                .as_deref()
+                                .map(|n| format!(" in namespace {n}"))
+                                .unwrap_or_default(),
+                            plugin
+                                .source()
+                                .split('(')
+                                .nth(1)
+                                .map(|s| s.trim_end_matches(')'))
+                                .unwrap_or(plugin.source()),
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Installs or updates the CRDs of the plugin's Kinds (server-side apply), each only when it
+    /// is absent or was installed for this Plugin; then waits until the API server serves them.
+    async fn install_crds(&self, name: &str, plugin: &Plugin) -> Result<(), Refusal> {
+        let registry = Registry::of(self.base.context().clone(), vec![plugin.clone()])
+            .map_err(|e| Refusal::stalled("LoadFailed", e.to_string()))?;
+        let crds = crate::crd::crds(&registry)
+            .map_err(|e| Refusal::stalled("InvalidSchema", e.to_string()))?;
+        let api: Api<CustomResourceDefinition> = Api::all(self.shared.client.clone());
+        for mut crd in crds {
+            let crd_name = crd["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            let existing = match api.get_opt(&crd_name).await {
+                Ok(Some(existing)) => {
+                    let owner = existing.annotations().get(CRD_OWNER);
+                    if owner.map(String::as_str) != Some(name) {
+                        return Err(Refusal::stalled(
+                            "CrdNotOwned",
+                            format!(
+                                "the CRD {crd_name} exists and was not installed for this Plugin ({}): it is left alone. If it is this plugin's (installed by hand, or for a Plugin since deleted), annotate it {CRD_OWNER}={name}; deleting it would delete every resource of its Kind",
+                                owner.map_or(
+                                    "no wasm-operator.dev/plugin-resource annotation".to_owned(),
+                                    |o| format!("it belongs to Plugin {o}")
+                                )
+                            ),
+                        ));
+                    }
+                    Some(existing)
+                }
+                Ok(None) => None,
+                Err(e) => return Err(Refusal::transient("CrdFailed", e.to_string())),
+            };
+            crd["metadata"]["annotations"][CRD_OWNER] = name.into();
+            let invalid = |e: kube::Error| match &e {
+                kube::Error::Api(s) if s.code == 422 || s.code == 400 => {
+                    Refusal::stalled("InvalidSchema", format!("{crd_name}: {e}"))
+                }
+                kube::Error::Api(s) if s.code == 409 => Refusal::transient(
+                    "CrdChanged",
+                    format!("{crd_name} changed while it was written; looked at again"),
+                ),
+                _ => Refusal::transient("CrdFailed", format!("{crd_name}: {e}")),
+            };
+            match existing {
+                // Absent: created, so that one made meanwhile by someone else is not taken
+                // over (409).
+                None => {
+                    let new: CustomResourceDefinition =
+                        serde_json::from_value(crd).map_err(|e| {
+                            Refusal::stalled("InvalidSchema", format!("{crd_name}: {e}"))
+                        })?;
+                    api.create(
+                        &PostParams {
+                            field_manager: Some(FIELD_MANAGER.to_owned()),
+                            ..Default::default()
+                        },
+                        &new,
+                    )
+                    .await
+                    .map_err(invalid)?;
+                }
+                // Ours: applied on the version read, so that a change meanwhile (its owner
+                // annotation removed, say) is seen before anything is written over it.
+                Some(existing) => {
+                    crd["metadata"]["resourceVersion"] = existing
+                        .metadata
+                        .resource_version
+                        .clone()
+                        .unwrap_or_default()
+                        .into();
+                    let patch: CustomResourceDefinition =
+                        serde_json::from_value(crd).map_err(|e| {
+                            Refusal::stalled("InvalidSchema", format!("{crd_name}: {e}"))
+                        })?;
+                    api.patch(
+                        &crd_name,
+                        &PatchParams::apply(FIELD_MANAGER).force(),
+                        &Patch::Apply(&patch),
+                    )
+                    .await
+                    .map_err(invalid)?;
+                }
+            }
+            // Served once Established.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            loop {
+                let established = api
+                    .get_opt(&crd_name)
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some_and(|c| {
+                        c.status
+                            .and_then(|s| s.conditions)
+                            .into_iter()
+                            .flatten()
+                            .any(|c| c.type_ == "Established" && c.status == "True")
+                    });
+                if established {
+                    break;
+                }
+                if tokio::time::Instant::now() > deadline {
+                    return Err(Refusal::transient(
+                        "CrdNotEstablished",
+                        format!("{crd_name} is not Established after 30 s"),
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes sure the child kinds the plugin declares are looked for and watched (children of
+    /// a kind not found are skipped, and said so in status, until the operator, which looks for
+    /// them every few seconds, finds it).
+    fn watch_children(&self, plugin: &Plugin) {
+        let mut targets = write(&self.shared.targets);
+        let mut missing = lock(&self.shared.missing);
+        for child in &plugin.info().children {
+            let api_version = if child.group.is_empty() {
+                child.version.clone()
+            } else {
+                format!("{}/{}", child.group, child.version)
+            };
+            let key = gvk_key(&api_version, &child.kind);
+            if targets.contains_key(&key) {
+                continue;
+            }
+            targets.insert(
+                key.clone(),
+                Err(format!("{api_version} {} is being looked for", child.kind)),
+            );
+            missing.push((
+                key,
+                GroupVersionKind::gvk(&child.group, &child.version, &child.kind),
+            ));
+        }
+    }
+
+    /// Stops serving the Plugin `name` (deleted): its controllers stop; its CRDs and resources
+    /// stay.
+    fn remove(&mut self, name: &str) {
+        self.failures.remove(name);
+        self.attempted.remove(name);
+        let Some(gone) = self.loaded.remove(name) else {
+            return;
+        };
+        // A Plugin refused for claiming one of its Kinds may be served now.
+        let refused: Vec<String> = self
+            .attempted
+            .iter()
+            .filter(|(_, (_, ok))| !ok)
+            .map(|(n, _)| n.clone())
+            .collect();
+        for other in refused {
+            self.pending.remove(&other);
+            self.retry_later(&other, Duration::ZERO);
+        }
+        // Its controllers stop first: a render after the swap would find no plugin.
+        for key in &gone.kinds {
+            self.controllers.stop_kind(&self.shared, key);
+        }
+        match self.registry(None) {
+            Ok(registry) => *write(&self.shared.registry) = Arc::new(registry),
+            Err(e) => tracing::error!(plugin = %name, "the registry without it: {e}"),
+        }
+        tracing::info!(plugin = %name, image = %gone.reference, "no longer served (deleted); its CRDs and resources are left in place");
+    }
+
+    /// Writes the Plugin's status: `fields`, and kstatus conditions from `refusal` (none: Ready).
+    async fn write_status(
+        &self,
+        o: &DynamicObject,
+        generation: i64,
+        mut fields: Value,
+        refusal: Option<&Refusal>,
+        message: &str,
+    ) {
+        let now = k8s_openapi::jiff::Timestamp::now()
+            .round(k8s_openapi::jiff::Unit::Second)
+            .unwrap_or_else(|_| k8s_openapi::jiff::Timestamp::now())
+            .to_string();
+        let previous = o.data.get("status").and_then(|s| s.get("conditions"));
+        let since = |type_: &str, status: &str| {
+            previous
+                .and_then(Value::as_array)
+                .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
+                .filter(|c| c["status"] == status)
+                .and_then(|c| c["lastTransitionTime"].as_str())
+                .unwrap_or(&now)
+                .to_owned()
+        };
+        let cond = |type_: &str, on: bool, reason: &str, message: &str| {
+            let status = if on { "True" } else { "False" };
+            json!({ "type": type_, "status": status, "reason": reason, "message": message,
+                "observedGeneration": generation, "lastTransitionTime": since(type_, status) })
+        };
+        let message = super::status::bounded_to(message, 4096);
+        let conditions = match refusal {
+            None => vec![
+                cond("Ready", true, "Serving", &message),
+                cond("Reconciling", false, "Serving", ""),
+                cond("Stalled", false, "Serving", ""),
+            ],
+            Some(r) => vec![
+                cond("Ready", false, r.reason, &message),
+                cond(
+                    "Reconciling",
+                    r.transient,
+                    r.reason,
+                    if r.transient { &message } else { "" },
+                ),
+                cond(
+                    "Stalled",
+                    !r.transient,
+                    r.reason,
+                    if r.transient { "" } else { &message },
+                ),
+            ],
+        };
+        fields["observedGeneration"] = generation.into();
+        fields["conditions"] = json!(conditions);
+        // Nothing to write when nothing changed (our own write comes back through the watch).
+        let current = o.data.get("status").cloned().unwrap_or(Value::Null);
+        if current == fields {
+            return;
+        }
+        // Fields the last status had and this one does not (a digest no longer served) go.
+        if let Some(old) = current.as_object() {
+            for key in old.keys() {
+                if fields.get(key).is_none() {
+                    fields[key] = Value::Null;
+                }
+            }
+        }
+        let api: Api<DynamicObject> = Api::all_with(self.shared.client.clone(), &api_resource());
+        if !self.shared.fence.allows() {
+            return;
+        }
+        if let Err(e) = api
+            .patch_status(
+                &o.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "status": fields })),
+            )
+            .await
+        {
+            tracing::warn!(plugin = %o.name_any(), "status not written: {e}");
+        }
+    }
+}

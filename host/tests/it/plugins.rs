@@ -1,0 +1,322 @@
+//! `Plugin` resources on the real control plane, with a real registry: a plugin pushed, named by
+//! a `Plugin`, served without a restart; upgraded to a new digest; a broken version that leaves
+//! the last good one serving; a second Plugin claiming the same Kind refused; deleted, its CRD
+//! and resources left in place.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use testenv::{ControlPlane, Registry, RegistryOptions};
+
+use crate::operator::{apply, eventually, get, kubectl, kubectl_ok, wait_ready};
+
+/// Pushes `wasm` to the registry as `repository:tag`; the reference pinned to its digest.
+async fn push(registry: &Registry, repository: &str, wasm: &[u8]) -> String {
+    let reference =
+        host::oci::Reference::parse(&format!("{}/{repository}:latest", registry.addr())).unwrap();
+    let options = host::oci::Options {
+        timeout: Duration::from_secs(30),
+        ..Default::default()
+    };
+    let pinned = host::oci::push(wasm, &Default::default(), &reference, &options)
+        .await
+        .unwrap();
+    format!("oci://{pinned}")
+}
+
+fn plugin(name: &str, image: &str) -> String {
+    format!(
+        "apiVersion: wasm-operator.dev/v1alpha1\nkind: Plugin\nmetadata: {{name: {name}}}\nspec: {{image: \"{image}\"}}\n"
+    )
+}
+
+/// The `Plugin` named `name`, cluster-scoped.
+fn plugin_status(cp: &ControlPlane, name: &str) -> Value {
+    let out = cp.kubectl(&["get", "plugins.wasm-operator.dev", name, "-o", "json"]);
+    if !out.status.success() {
+        return Value::Null;
+    }
+    serde_json::from_slice::<Value>(&out.stdout).unwrap()["status"].clone()
+}
+
+fn ready(status: &Value) -> (String, String, String) {
+    let c = status["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready").cloned())
+        .unwrap_or_default();
+    let s = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
+    (s("status"), s("reason"), s("message"))
+}
+
+fn apply_cluster(cp: &ControlPlane, yaml: &str) {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), yaml).unwrap();
+    kubectl_ok(cp, &["apply", "-f", &file.path().display().to_string()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_resource_is_served_upgraded_kept_on_a_bad_version_and_dropped_live() {
+    // A control plane of its own: the CRDs there are the Plugins' alone.
+    let cp = ControlPlane::start().unwrap();
+    let _logs = cp.logs_on_failure();
+    let registry = Registry::start(RegistryOptions::default()).unwrap();
+    let v1 = push(
+        &registry,
+        "plugins/hostile",
+        &std::fs::read(test_guests::HOSTILE).unwrap(),
+    )
+    .await;
+    let v2 = push(
+        &registry,
+        "plugins/hostile",
+        &std::fs::read(test_guests::HOSTILE_NEXT).unwrap(),
+    )
+    .await;
+    let broken = push(&registry, "plugins/hostile", b"\0asm but not a component").await;
+    assert_ne!(v1, v2);
+
+    apply_cluster(
+        &cp,
+        &serde_json::to_string(&host::operator::plugins::crd()).unwrap(),
+    );
+    kubectl_ok(
+        &cp,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "crd/plugins.wasm-operator.dev",
+            "--timeout=60s",
+        ],
+    );
+
+    // The operator serves no Kind at start, and Plugin resources.
+    let store = tempfile::tempdir().unwrap();
+    let runtime = host::plugin::Runtime::new(
+        host::plugin::Limits::default(),
+        Some(crate::support::cache()),
+    )
+    .unwrap();
+    let base = host::registry::Registry::load(&runtime, Default::default(), false, &[]).unwrap();
+    let settings = settings_for(&runtime, store.path());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let operator = tokio::spawn(host::operator::run(
+        cp.client().await.unwrap(),
+        base,
+        settings,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+
+    // A Plugin: its CRD installed, its Kind served.
+    apply_cluster(&cp, &plugin("hostile", &v1));
+    kubectl_ok(
+        &cp,
+        &[
+            "wait",
+            "--for=condition=Ready",
+            "plugins.wasm-operator.dev/hostile",
+            "--timeout=120s",
+        ],
+    );
+    let status = plugin_status(&cp, "hostile");
+    assert_eq!(status["digest"], v1.rsplit_once('@').unwrap().1, "{status}");
+    assert_eq!(
+        status["kinds"][0], "Hostile.test.wasm-operator.dev",
+        "{status}"
+    );
+    let crd = kubectl_ok(
+        &cp,
+        &[
+            "get",
+            "crd",
+            "hostiles.test.wasm-operator.dev",
+            "-o",
+            "json",
+        ],
+    );
+    let crd: Value = serde_json::from_str(&crd).unwrap();
+    assert_eq!(
+        crd["metadata"]["annotations"][host::operator::plugins::CRD_OWNER],
+        "hostile"
+    );
+
+    let admin = cp.client().await.unwrap();
+    let ns = cp.namespace(&admin, "live").await.unwrap();
+    let hostile = "apiVersion: test.wasm-operator.dev/v1\nkind: Hostile\nmetadata: {name: h}\nspec: {mode: ok}\n";
+    apply(&cp, &ns, hostile);
+    wait_ready(&cp, &ns, "hostiles.test.wasm-operator.dev/h");
+    let data = |cp: &ControlPlane| get(cp, &ns, "configmap/h").map(|c| c["data"].clone());
+    assert_eq!(data(&cp).unwrap()["mode"], "ok");
+    assert!(data(&cp).unwrap().get("version").is_none());
+
+    // A new digest: the children change, with no restart.
+    apply_cluster(&cp, &plugin("hostile", &v2));
+    eventually(
+        "the children of the new version",
+        Duration::from_secs(60),
+        || data(&cp).is_some_and(|d| d["version"] == "next"),
+    )
+    .await;
+    let h = get(&cp, &ns, "hostiles.test.wasm-operator.dev/h").unwrap();
+    assert!(
+        h["status"]["plugin"].as_str().unwrap().contains("0.0.1"),
+        "{h}"
+    );
+    assert!(!operator.is_finished(), "the operator stopped");
+
+    // A broken version: refused, saying why; the last good one keeps serving.
+    apply_cluster(&cp, &plugin("hostile", &broken));
+    eventually(
+        "the broken version refused",
+        Duration::from_secs(60),
+        || {
+            let s = plugin_status(&cp, "hostile");
+            ready(&s).0 == "False"
+        },
+    )
+    .await;
+    let status = plugin_status(&cp, "hostile");
+    let (_, reason, message) = ready(&status);
+    assert_eq!(reason, "CheckFailed", "{status}");
+    assert!(
+        message.contains("still serving") && message.contains(v2.trim_start_matches("oci://")),
+        "{message}"
+    );
+    assert_eq!(status["digest"], v2.rsplit_once('@').unwrap().1, "{status}");
+    apply(
+        &cp,
+        &ns,
+        &hostile.replace("name: h}", "name: h, labels: {touched: \"yes\"}}"),
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        data(&cp).unwrap()["version"],
+        "next",
+        "not served by the last good version"
+    );
+    wait_ready(&cp, &ns, "hostiles.test.wasm-operator.dev/h");
+
+    // A second Plugin for the same Kind: refused, naming both.
+    apply_cluster(&cp, &plugin("hostile-again", &v1));
+    eventually("the second Plugin refused", Duration::from_secs(60), || {
+        ready(&plugin_status(&cp, "hostile-again")).1 == "KindConflict"
+    })
+    .await;
+    let (_, _, message) = ready(&plugin_status(&cp, "hostile-again"));
+    assert!(
+        message.contains("Plugin/hostile ") && message.contains("Plugin/hostile-again"),
+        "{message}"
+    );
+    kubectl_ok(
+        &cp,
+        &["delete", "plugins.wasm-operator.dev", "hostile-again"],
+    );
+
+    // Deleted: its controllers stop; its CRD and resources stay.
+    kubectl_ok(
+        &cp,
+        &[
+            "delete",
+            "plugins.wasm-operator.dev",
+            "hostile",
+            "--wait=true",
+        ],
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    apply(&cp, &ns, &hostile.replace("mode: ok", "mode: error"));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let h = get(&cp, &ns, "hostiles.test.wasm-operator.dev/h").expect("the resource stays");
+    assert_ne!(
+        h["status"]["observedGeneration"], h["metadata"]["generation"],
+        "reconciled after its Plugin was deleted: {h}"
+    );
+    assert!(kubectl(&cp, &["get", "crd", "hostiles.test.wasm-operator.dev"]).0);
+    assert_eq!(data(&cp).unwrap()["version"], "next");
+
+    let _ = stop.send(());
+    let ended = tokio::time::timeout(Duration::from_secs(30), operator).await;
+    assert!(
+        matches!(ended, Ok(Ok(Ok(())))),
+        "the operator did not stop cleanly: {ended:?}"
+    );
+
+    // An operator whose ServiceAccount may serve Plugins (`host rbac --plugin-resources`) but
+    // not what this plugin's Kinds need: the Plugin says which rule is missing.
+    let rbac = std::process::Command::new(env!("CARGO_BIN_EXE_host"))
+        .args([
+            "rbac",
+            "--no-builtins",
+            "--plugin-resources",
+            "--namespace",
+            "default",
+        ])
+        .args(["--name", "limited"])
+        .env(
+            "WASM_OPERATOR_CACHE",
+            std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
+        )
+        .output()
+        .unwrap();
+    let rbac = crate::support::succeeded("host rbac", rbac);
+    apply_cluster(&cp, &rbac);
+    let limited = cp
+        .service_account_client(&admin, "default", "limited")
+        .await
+        .unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let operator = tokio::spawn(host::operator::run(
+        limited,
+        host::registry::Registry::load(&runtime, Default::default(), false, &[]).unwrap(),
+        settings_for(&runtime, store.path()),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    apply_cluster(&cp, &plugin("limited", &v1));
+    eventually(
+        "the Plugin refused for want of a rule",
+        Duration::from_secs(60),
+        || ready(&plugin_status(&cp, "limited")).1 == "Forbidden",
+    )
+    .await;
+    let (_, _, message) = ready(&plugin_status(&cp, "limited"));
+    assert!(
+        message.contains("may not") && message.contains("apiGroups: [test.wasm-operator.dev]"),
+        "{message}"
+    );
+    let _ = stop.send(());
+    let ended = tokio::time::timeout(Duration::from_secs(30), operator).await;
+    assert!(
+        matches!(ended, Ok(Ok(Ok(())))),
+        "the operator did not stop cleanly: {ended:?}"
+    );
+}
+
+/// How the operators of these tests run: no Kind at start, and `Plugin` resources.
+fn settings_for(
+    runtime: &host::plugin::Runtime,
+    store: &std::path::Path,
+) -> host::operator::Settings {
+    host::operator::Settings {
+        namespaces: Vec::new(),
+        metrics_addr: std::net::SocketAddr::from(([127, 0, 0, 1], testenv::free_port().unwrap())),
+        leader_election: true,
+        lease_namespace: "default".into(),
+        lease_name: "wasm-operator".into(),
+        identity: "live".into(),
+        concurrency: 4,
+        max_writes_in_flight: 16,
+        render_wait: Duration::from_secs(5),
+        unready_after: Duration::from_secs(30),
+        stuck_after: Duration::from_secs(120),
+        plugin_resources: Some(host::operator::plugins::Live {
+            runtime: runtime.clone(),
+            registries: host::oci::Options {
+                timeout: Duration::from_secs(30),
+                ..Default::default()
+            },
+            store: Some(host::oci::Store::new(store)),
+        }),
+    }
+}
