@@ -231,6 +231,48 @@ fn main() {
             first.as_secs_f64() * 1e3
         );
     }
+    // The JavaScript example plugin (componentize-js: the JS engine and the script, snapshotted
+    // into one 12 MB component), built by scripts/js-plugin: the same measures.
+    match testenv::static_site_plugin() {
+        Ok(path) => {
+            let wasm = std::fs::read(&path).unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let fresh_cache =
+                Runtime::new(Limits::default(), Some(Cache::new(dir.path()))).unwrap();
+            let start = Instant::now();
+            black_box(fresh_cache.load(&wasm, "static-site", &ctx).unwrap());
+            let first = start.elapsed();
+            let file = measure(|| {
+                black_box(fresh_cache.load(&wasm, "static-site", &ctx).unwrap());
+            });
+            let text = std::fs::read_to_string(root.join("examples/plugins/static-site/site.yaml"))
+                .unwrap();
+            let docs = documents::parse("site.yaml", &text).unwrap();
+            let r = documents::resource(&docs[0].value).unwrap();
+            let load_and_render = measure(|| {
+                let plugin = fresh_cache.load(&wasm, "static-site", &ctx).unwrap();
+                black_box(plugin.render_text(&r, &ctx).unwrap());
+            });
+            let plugin = fresh_cache.load(&wasm, "static-site", &ctx).unwrap();
+            let render = measure(|| {
+                black_box(plugin.render_text(&r, &ctx).unwrap());
+            });
+            let describe = measure(|| {
+                black_box(plugin.describe(&ctx).unwrap());
+            });
+            let ms = |d: Duration| format!("{:.3}", d.as_secs_f64() * 1e3);
+            println!(
+                "| static-site (JavaScript) | {} KiB | | {} (target ≤ 1) | {} | {} | {} | {:.0} |",
+                wasm.len() / 1024,
+                ms(file),
+                ms(load_and_render),
+                ms(render),
+                ms(describe),
+                first.as_secs_f64() * 1e3
+            );
+        }
+        Err(e) => println!("| static-site (JavaScript) | not built: {e} | | | | | | |"),
+    }
     println!(
         "\nA load from the cache maps the compiled component, links it (instance-pre) and reads the description \
          `describe()` gave under the same context the first time; a file is hashed (sha256) first, a built-in \

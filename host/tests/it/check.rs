@@ -110,6 +110,30 @@ fn the_built_in_plugins_pass_with_their_examples() {
     }
 }
 
+/// The JavaScript example plugin (componentize-js, every WASI feature of the engine off) passes
+/// every check with its example: it imports nothing but the contract's types, and is pure.
+#[test]
+fn the_javascript_plugin_passes_with_its_example() {
+    let wasm = testenv::static_site_plugin().expect("scripts/js-plugin builds it");
+    let (code, report) = check_json(&[
+        &wasm.display().to_string(),
+        "examples/plugins/static-site/site.yaml",
+    ]);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(
+        report["kinds"][0], "StaticSite.sites.example.com (v1alpha1)",
+        "{report:#}"
+    );
+    assert_eq!(
+        report["component"]["imports"],
+        serde_json::json!(["wasm-operator:plugin/types@1.0.0"]),
+        "{report:#}"
+    );
+    for check in ["render", "pure"] {
+        assert_eq!(finding(&report, check).0, "pass", "{report:#}");
+    }
+}
+
 #[test]
 fn without_examples_the_render_checks_are_skipped_not_passed() {
     let (code, report) = check_json(&[test_guests::HOSTILE]);

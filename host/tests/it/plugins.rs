@@ -320,3 +320,94 @@ fn settings_for(
         }),
     }
 }
+
+/// The JavaScript example plugin as its author would ship it: `host push` to a registry, a
+/// `Plugin` naming the digest printed, its `StaticSite` reconciled to Ready, and `kubectl get`
+/// showing the host's Ready column (the plugin declares no columns).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_javascript_plugin_is_pushed_loaded_by_a_plugin_resource_and_reconciled() {
+    let cp = ControlPlane::start().unwrap();
+    let _logs = cp.logs_on_failure();
+    let registry = Registry::start(RegistryOptions::default()).unwrap();
+    let wasm = testenv::static_site_plugin().expect("scripts/js-plugin builds it");
+    let cache = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_host"))
+        .args(["push", &wasm.display().to_string()])
+        .arg(format!("{}/plugins/static-site:0.1.0", registry.addr()))
+        .env("WASM_OPERATOR_CACHE", cache.path())
+        .output()
+        .unwrap();
+    let pinned = crate::support::succeeded("host push", out)
+        .trim()
+        .to_owned();
+
+    apply_cluster(
+        &cp,
+        &serde_json::to_string(&host::operator::plugins::crd()).unwrap(),
+    );
+    kubectl_ok(
+        &cp,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "crd/plugins.wasm-operator.dev",
+            "--timeout=60s",
+        ],
+    );
+    let runtime = host::plugin::Runtime::new(
+        host::plugin::Limits::default(),
+        Some(crate::support::cache()),
+    )
+    .unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let operator = tokio::spawn(host::operator::run(
+        cp.client().await.unwrap(),
+        host::registry::Registry::load(&runtime, Default::default(), false, &[]).unwrap(),
+        settings_for(&runtime, cache.path()),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    apply_cluster(&cp, &plugin("static-site", &pinned));
+    kubectl_ok(
+        &cp,
+        &[
+            "wait",
+            "--for=condition=Ready",
+            "plugins.wasm-operator.dev/static-site",
+            "--timeout=120s",
+        ],
+    );
+    let admin = cp.client().await.unwrap();
+    let ns = cp.namespace(&admin, "site").await.unwrap();
+    let site = std::fs::read_to_string(
+        crate::support::root().join("examples/plugins/static-site/site.yaml"),
+    )
+    .unwrap();
+    apply(&cp, &ns, &site);
+    wait_ready(&cp, &ns, "staticsites.sites.example.com/hello");
+    let files = get(&cp, &ns, "configmap/hello-files").expect("the files' ConfigMap");
+    assert!(
+        files["data"]["index.html"]
+            .as_str()
+            .unwrap()
+            .contains("JavaScript")
+    );
+    let deployment = get(&cp, &ns, "deployment/hello").expect("the Deployment");
+    assert_eq!(deployment["status"]["readyReplicas"], 2, "{deployment}");
+    let table = kubectl_ok(&cp, &["get", "-n", &ns, "staticsites"]);
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        (header.first(), header.get(1), header.last()),
+        (Some(&"NAME"), Some(&"READY"), Some(&"AGE")),
+        "{table}"
+    );
+    assert!(table.lines().nth(1).unwrap().contains("True"), "{table}");
+
+    let _ = stop.send(());
+    let ended = tokio::time::timeout(Duration::from_secs(30), operator).await;
+    assert!(
+        matches!(ended, Ok(Ok(Ok(())))),
+        "the operator did not stop cleanly: {ended:?}"
+    );
+}

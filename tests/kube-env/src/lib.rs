@@ -170,6 +170,13 @@ pub fn helm() -> Result<PathBuf> {
     built("HELM", "scripts/helm")
 }
 
+/// The JavaScript example plugin (`examples/plugins/static-site`), built with componentize-js:
+/// `$STATIC_SITE_WASM`, else what `scripts/js-plugin` prints (it builds it the first time, and
+/// caches it).
+pub fn static_site_plugin() -> Result<PathBuf> {
+    built("STATIC_SITE_WASM", "scripts/js-plugin")
+}
+
 /// The path in `$variable`, else the last line `script` (a builder that caches what it builds)
 /// prints.
 fn built(variable: &str, script: &str) -> Result<PathBuf> {
