@@ -424,6 +424,7 @@ fn install_upgrade_and_uninstall_on_a_restricted_namespace() {
             "plugins.files={/plugins/site.wasm,oci://registry.example.com/site@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef}",
             "plugins.registry.configSecret=registry-login",
             "plugins.registry.caConfigMap=registry-ca",
+            "pluginResources.enabled=true",
             "replicas=1",
             "leaderElection.enabled=false",
             "podDisruptionBudget.enabled=false",
