@@ -48,6 +48,66 @@ fn ready(status: &Value) -> (String, String, String) {
     (s("status"), s("reason"), s("message"))
 }
 
+/// An operator running in this test, serving `Plugin` resources.
+struct LiveOperator {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), host::operator::Error>>,
+}
+
+impl LiveOperator {
+    fn start(
+        client: kube::Client,
+        registry: host::registry::Registry,
+        settings: host::operator::Settings,
+    ) -> Self {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(host::operator::run(
+            client,
+            registry,
+            settings,
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        Self { stop, task }
+    }
+
+    fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        let ended = tokio::time::timeout(Duration::from_secs(30), self.task).await;
+        assert!(
+            matches!(ended, Ok(Ok(Ok(())))),
+            "the operator did not stop cleanly: {ended:?}"
+        );
+    }
+}
+
+/// `kubectl wait --for=condition=CONDITION WHAT` (cluster-scoped objects).
+fn wait_for(cp: &ControlPlane, condition: &str, what: &str) {
+    kubectl_ok(
+        cp,
+        &[
+            "wait",
+            &format!("--for=condition={condition}"),
+            what,
+            "--timeout=120s",
+        ],
+    );
+}
+
+/// The Plugin CRD, as `host crds` prints it, installed and Established.
+fn install_plugin_crd(cp: &ControlPlane) {
+    apply_cluster(
+        cp,
+        &serde_json::to_string(&host::operator::plugins::crd()).unwrap(),
+    );
+    wait_for(cp, "Established", "crd/plugins.wasm-operator.dev");
+}
+
 fn apply_cluster(cp: &ControlPlane, yaml: &str) {
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), yaml).unwrap();
@@ -75,19 +135,7 @@ async fn a_plugin_resource_is_served_upgraded_kept_on_a_bad_version_and_dropped_
     let broken = push(&registry, "plugins/hostile", b"\0asm but not a component").await;
     assert_ne!(v1, v2);
 
-    apply_cluster(
-        &cp,
-        &serde_json::to_string(&host::operator::plugins::crd()).unwrap(),
-    );
-    kubectl_ok(
-        &cp,
-        &[
-            "wait",
-            "--for=condition=Established",
-            "crd/plugins.wasm-operator.dev",
-            "--timeout=60s",
-        ],
-    );
+    install_plugin_crd(&cp);
 
     // The operator serves no Kind at start, and Plugin resources.
     let store = tempfile::tempdir().unwrap();
@@ -98,27 +146,11 @@ async fn a_plugin_resource_is_served_upgraded_kept_on_a_bad_version_and_dropped_
     .unwrap();
     let base = host::registry::Registry::load(&runtime, Default::default(), false, &[]).unwrap();
     let settings = settings_for(&runtime, store.path());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let operator = tokio::spawn(host::operator::run(
-        cp.client().await.unwrap(),
-        base,
-        settings,
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    let operator = LiveOperator::start(cp.client().await.unwrap(), base, settings);
 
     // A Plugin: its CRD installed, its Kind served.
     apply_cluster(&cp, &plugin("hostile", &v1));
-    kubectl_ok(
-        &cp,
-        &[
-            "wait",
-            "--for=condition=Ready",
-            "plugins.wasm-operator.dev/hostile",
-            "--timeout=120s",
-        ],
-    );
+    wait_for(&cp, "Ready", "plugins.wasm-operator.dev/hostile");
     let status = plugin_status(&cp, "hostile");
     assert_eq!(status["digest"], v1.rsplit_once('@').unwrap().1, "{status}");
     assert_eq!(
@@ -234,12 +266,7 @@ async fn a_plugin_resource_is_served_upgraded_kept_on_a_bad_version_and_dropped_
     assert!(kubectl(&cp, &["get", "crd", "hostiles.test.wasm-operator.dev"]).0);
     assert_eq!(data(&cp).unwrap()["version"], "next");
 
-    let _ = stop.send(());
-    let ended = tokio::time::timeout(Duration::from_secs(30), operator).await;
-    assert!(
-        matches!(ended, Ok(Ok(Ok(())))),
-        "the operator did not stop cleanly: {ended:?}"
-    );
+    operator.stop().await;
 
     // An operator whose ServiceAccount may serve Plugins (`host rbac --plugin-resources`) but
     // not what this plugin's Kinds need: the Plugin says which rule is missing.
@@ -264,15 +291,11 @@ async fn a_plugin_resource_is_served_upgraded_kept_on_a_bad_version_and_dropped_
         .service_account_client(&admin, "default", "limited")
         .await
         .unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let operator = tokio::spawn(host::operator::run(
+    let operator = LiveOperator::start(
         limited,
         host::registry::Registry::load(&runtime, Default::default(), false, &[]).unwrap(),
         settings_for(&runtime, store.path()),
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    );
     apply_cluster(&cp, &plugin("limited", &v1));
     eventually(
         "the Plugin refused for want of a rule",
@@ -285,12 +308,7 @@ async fn a_plugin_resource_is_served_upgraded_kept_on_a_bad_version_and_dropped_
         message.contains("may not") && message.contains("apiGroups: [test.wasm-operator.dev]"),
         "{message}"
     );
-    let _ = stop.send(());
-    let ended = tokio::time::timeout(Duration::from_secs(30), operator).await;
-    assert!(
-        matches!(ended, Ok(Ok(Ok(())))),
-        "the operator did not stop cleanly: {ended:?}"
-    );
+    operator.stop().await;
 }
 
 /// How the operators of these tests run: no Kind at start, and `Plugin` resources.
@@ -341,43 +359,19 @@ async fn a_javascript_plugin_is_pushed_loaded_by_a_plugin_resource_and_reconcile
         .trim()
         .to_owned();
 
-    apply_cluster(
-        &cp,
-        &serde_json::to_string(&host::operator::plugins::crd()).unwrap(),
-    );
-    kubectl_ok(
-        &cp,
-        &[
-            "wait",
-            "--for=condition=Established",
-            "crd/plugins.wasm-operator.dev",
-            "--timeout=60s",
-        ],
-    );
+    install_plugin_crd(&cp);
     let runtime = host::plugin::Runtime::new(
         host::plugin::Limits::default(),
         Some(crate::support::cache()),
     )
     .unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let operator = tokio::spawn(host::operator::run(
+    let operator = LiveOperator::start(
         cp.client().await.unwrap(),
         host::registry::Registry::load(&runtime, Default::default(), false, &[]).unwrap(),
         settings_for(&runtime, cache.path()),
-        async move {
-            let _ = stopped.await;
-        },
-    ));
-    apply_cluster(&cp, &plugin("static-site", &pinned));
-    kubectl_ok(
-        &cp,
-        &[
-            "wait",
-            "--for=condition=Ready",
-            "plugins.wasm-operator.dev/static-site",
-            "--timeout=120s",
-        ],
     );
+    apply_cluster(&cp, &plugin("static-site", &pinned));
+    wait_for(&cp, "Ready", "plugins.wasm-operator.dev/static-site");
     let admin = cp.client().await.unwrap();
     let ns = cp.namespace(&admin, "site").await.unwrap();
     let site = std::fs::read_to_string(
@@ -404,10 +398,5 @@ async fn a_javascript_plugin_is_pushed_loaded_by_a_plugin_resource_and_reconcile
     );
     assert!(table.lines().nth(1).unwrap().contains("True"), "{table}");
 
-    let _ = stop.send(());
-    let ended = tokio::time::timeout(Duration::from_secs(30), operator).await;
-    assert!(
-        matches!(ended, Ok(Ok(Ok(())))),
-        "the operator did not stop cleanly: {ended:?}"
-    );
+    operator.stop().await;
 }
