@@ -126,17 +126,26 @@ pub struct PullArgs {
 /// `host inspect`.
 #[derive(Debug, Args)]
 pub struct InspectArgs {
-    /// The context the plugin is described under.
+    /// The plugin, and how it is reached and reported on.
+    #[command(flatten)]
+    pub subject: SubjectArgs,
+}
+
+/// A plugin to look at (`host check`, `host inspect`): a file or a reference, the context it is
+/// described under, how registries are reached, and the report's format.
+#[derive(Debug, Args)]
+pub struct SubjectArgs {
+    /// The context and limits it runs under (those of `host run` by default).
     #[command(flatten)]
     pub sandbox: SandboxArgs,
-    /// How registries are reached.
+    /// How registries are reached (for a plugin given by reference).
     #[command(flatten)]
     pub registries: RegistryArgs,
     /// Report format.
     #[arg(short, long, value_enum, default_value_t = ReportFormat::Text)]
     pub output: ReportFormat,
-    /// A file, or a reference (`oci://...`).
-    #[arg(value_name = "FILE|REF")]
+    /// The plugin component: a file, or a reference to a registry (`oci://...`).
+    #[arg(value_name = "FILE.wasm|REF")]
     pub plugin: String,
 }
 
@@ -438,18 +447,9 @@ fn parse_namespace(s: &str) -> Result<String, String> {
 /// `host check`.
 #[derive(Debug, Args)]
 pub struct CheckArgs {
-    /// The context and limits the checks run under (those of `host run` by default).
+    /// The plugin, and how it is reached and reported on.
     #[command(flatten)]
-    pub sandbox: SandboxArgs,
-    /// How registries are reached (for a plugin given by reference).
-    #[command(flatten)]
-    pub registries: RegistryArgs,
-    /// Report format.
-    #[arg(short, long, value_enum, default_value_t = ReportFormat::Text)]
-    pub output: ReportFormat,
-    /// The plugin component: a file, or a reference to a registry (`oci://...`).
-    #[arg(value_name = "FILE.wasm|REF")]
-    pub plugin: String,
+    pub subject: SubjectArgs,
     /// Resources of the plugin's Kinds to render: YAML or JSON files, or directories of them.
     #[arg(value_name = "EXAMPLE")]
     pub examples: Vec<String>,
@@ -628,7 +628,8 @@ fn render(args: &RenderArgs) -> Result<ExitCode, Error> {
 }
 
 fn check(args: &CheckArgs) -> Result<ExitCode, Error> {
-    let (wasm, source) = match crate::publish::Subject::parse(&args.plugin)? {
+    let subject = &args.subject;
+    let (wasm, source) = match crate::publish::Subject::parse(&subject.plugin)? {
         crate::publish::Subject::File(path) => (
             std::fs::read(&path).map_err(|source| Error::ReadPlugin {
                 path: path.clone(),
@@ -639,8 +640,8 @@ fn check(args: &CheckArgs) -> Result<ExitCode, Error> {
         crate::publish::Subject::Oci(reference) => {
             let pulled = crate::publish::block_on(crate::oci::pull(
                 &reference,
-                &args.registries.options()?,
-                args.sandbox.store().as_ref(),
+                &subject.registries.options()?,
+                subject.sandbox.store().as_ref(),
                 false,
             ))??;
             let source = format!("{}{}", crate::oci::SCHEME, pulled.reference);
@@ -664,9 +665,15 @@ fn check(args: &CheckArgs) -> Result<ExitCode, Error> {
             });
         }
     }
-    let runtime = args.sandbox.runtime()?;
-    let report = crate::check::check(&runtime, &wasm, &source, &args.sandbox.context(), &examples);
-    let text = match args.output {
+    let runtime = subject.sandbox.runtime()?;
+    let report = crate::check::check(
+        &runtime,
+        &wasm,
+        &source,
+        &subject.sandbox.context(),
+        &examples,
+    );
+    let text = match subject.output {
         ReportFormat::Text => report.text(),
         ReportFormat::Json => {
             let mut json =
@@ -859,6 +866,7 @@ fn pull(args: &PullArgs) -> Result<ExitCode, Error> {
 }
 
 fn inspect(args: &InspectArgs) -> Result<ExitCode, Error> {
+    let args = &args.subject;
     let subject = crate::publish::Subject::parse(&args.plugin)?;
     let runtime = args.sandbox.runtime()?;
     let report = crate::publish::inspect(
