@@ -247,6 +247,9 @@ impl PluginArgs {
 
     /// As [`PluginArgs::registry`], loading into `runtime`.
     pub fn registry_in(&self, runtime: &Runtime) -> Result<Registry, Error> {
+        // Read once, and only when a plugin is given by reference.
+        let mut options = None;
+        let store = self.sandbox.store();
         let mut sources = Vec::new();
         for plugin in &self.plugins {
             let Some(_) = plugin.strip_prefix(crate::oci::SCHEME) else {
@@ -254,11 +257,13 @@ impl PluginArgs {
                 continue;
             };
             let reference = crate::oci::Reference::parse(plugin)?;
-            let options = self.registries.options()?;
-            let store = self.sandbox.store();
+            let options = match &options {
+                Some(o) => o,
+                None => options.insert(self.registries.options()?),
+            };
             let pulled = crate::publish::block_on(crate::oci::pull(
                 &reference,
-                &options,
+                options,
                 store.as_ref(),
                 self.require_digest,
             ))??;
@@ -629,25 +634,11 @@ fn render(args: &RenderArgs) -> Result<ExitCode, Error> {
 
 fn check(args: &CheckArgs) -> Result<ExitCode, Error> {
     let subject = &args.subject;
-    let (wasm, source) = match crate::publish::Subject::parse(&subject.plugin)? {
-        crate::publish::Subject::File(path) => (
-            std::fs::read(&path).map_err(|source| Error::ReadPlugin {
-                path: path.clone(),
-                source,
-            })?,
-            path.display().to_string(),
-        ),
-        crate::publish::Subject::Oci(reference) => {
-            let pulled = crate::publish::block_on(crate::oci::pull(
-                &reference,
-                &subject.registries.options()?,
-                subject.sandbox.store().as_ref(),
-                false,
-            ))??;
-            let source = format!("{}{}", crate::oci::SCHEME, pulled.reference);
-            (pulled.wasm, source)
-        }
-    };
+    let crate::publish::Fetched { wasm, source, .. } =
+        crate::publish::Subject::parse(&subject.plugin)?.fetch(
+            &subject.registries.options()?,
+            subject.sandbox.store().as_ref(),
+        )?;
     let mut examples = Vec::new();
     for file in &documents::expand(&args.examples)? {
         let text = documents::read(file)?;

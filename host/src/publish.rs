@@ -92,6 +92,48 @@ impl Subject {
     }
 }
 
+/// A plugin's bytes, read from a file or pulled (checked against its digests), with the name
+/// reports give it: the path, or the reference pinned to its digest.
+pub struct Fetched {
+    /// The component.
+    pub wasm: Vec<u8>,
+    /// The path, or `oci://` and the pinned reference.
+    pub source: String,
+    /// For a pull: the manifest's digest and the layer's media type.
+    pub pulled: Option<(String, String)>,
+}
+
+impl Subject {
+    /// Reads the file, or pulls the reference (from `store` when it holds that digest).
+    pub fn fetch(
+        &self,
+        options: &oci::Options,
+        store: Option<&oci::Store>,
+    ) -> Result<Fetched, Error> {
+        match self {
+            Self::File(path) => Ok(Fetched {
+                wasm: std::fs::read(path).map_err(|source| Error::ReadPlugin {
+                    path: path.clone(),
+                    source,
+                })?,
+                source: path.display().to_string(),
+                pulled: None,
+            }),
+            Self::Oci(reference) => {
+                let pulled = block_on(oci::pull(reference, options, store, false))??;
+                Ok(Fetched {
+                    wasm: pulled.wasm,
+                    source: format!("{}{}", oci::SCHEME, pulled.reference),
+                    pulled: Some((
+                        pulled.reference.digest.unwrap_or_default(),
+                        pulled.media_type,
+                    )),
+                })
+            }
+        }
+    }
+}
+
 /// `host inspect`: what the plugin is, as JSON (the text report is made from it).
 pub fn inspect(
     runtime: &Runtime,
@@ -100,26 +142,16 @@ pub fn inspect(
     options: &oci::Options,
     store: Option<&oci::Store>,
 ) -> Result<Value, Error> {
-    let (wasm, source, mut report) = match subject {
-        Subject::File(path) => {
-            let wasm = std::fs::read(path).map_err(|source| Error::ReadPlugin {
-                path: path.clone(),
-                source,
-            })?;
-            let source = path.display().to_string();
-            (wasm, source.clone(), json!({ "source": source }))
-        }
-        Subject::Oci(reference) => {
-            let pulled = block_on(oci::pull(reference, options, store, false))??;
-            let source = format!("{}{}", oci::SCHEME, pulled.reference);
-            let report = json!({
-                "source": source,
-                "manifest": pulled.reference.digest,
-                "mediaType": pulled.media_type,
-            });
-            (pulled.wasm, source, report)
-        }
-    };
+    let Fetched {
+        wasm,
+        source,
+        pulled,
+    } = subject.fetch(options, store)?;
+    let mut report = json!({ "source": source });
+    if let Some((manifest, media_type)) = pulled {
+        report["manifest"] = manifest.into();
+        report["mediaType"] = media_type.into();
+    }
     let (info, anatomy) = anatomy(runtime, &wasm, &source, ctx)?;
     let kinds: Vec<Value> = info
         .kinds

@@ -427,11 +427,7 @@ fn resolve(base: &str, location: &str) -> String {
     if location.starts_with("http://") || location.starts_with("https://") {
         location.to_owned()
     } else if location.starts_with('/') {
-        let origin_end = base.find("://").map_or(0, |i| i + 3);
-        let host_end = base[origin_end..]
-            .find('/')
-            .map_or(base.len(), |i| origin_end + i);
-        format!("{}{location}", &base[..host_end])
+        format!("{}{location}", authority(base))
     } else {
         let dir = base.rsplit_once('/').map_or(base, |(d, _)| d);
         format!("{dir}/{location}")

@@ -172,13 +172,6 @@ impl Credentials {
         Ok(Self { basic })
     }
 
-    /// Credentials for `registry` given directly (`user:password`).
-    pub fn with(mut self, registry: &str, user: &str, password: &str) -> Self {
-        self.basic
-            .insert(registry_key(registry), client::basic(user, password));
-        self
-    }
-
     /// The base64 `user:password` for `registry`, if there is one.
     pub(crate) fn basic(&self, registry: &str) -> Option<String> {
         self.basic.get(&registry_key(registry)).cloned()
@@ -485,7 +478,10 @@ pub async fn pull(
 }
 
 /// The Wasm layer of a manifest (its digest and size) and its media type.
-fn wasm_layer(reference: &Reference, manifest: &[u8]) -> Result<((String, usize), String), Error> {
+fn wasm_layer(
+    reference: &dyn std::fmt::Display,
+    manifest: &[u8],
+) -> Result<((String, usize), String), Error> {
     let not = |why: String| Error::NotAPlugin {
         reference: reference.to_string(),
         why,

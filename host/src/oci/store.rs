@@ -31,13 +31,7 @@ impl Store {
         if digest(&manifest) != manifest_digest {
             return None;
         }
-        let reference = super::Reference {
-            registry: "store".into(),
-            repository: "store".into(),
-            tag: None,
-            digest: Some(manifest_digest.to_owned()),
-        };
-        let ((layer, size), _) = super::wasm_layer(&reference, &manifest).ok()?;
+        let ((layer, size), _) = super::wasm_layer(&manifest_digest, &manifest).ok()?;
         let wasm = std::fs::read(self.path("blobs", &layer)).ok()?;
         (wasm.len() == size && digest(&wasm) == layer).then_some((manifest, wasm))
     }

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use futures::channel::mpsc;
-use kube::api::{Api, DynamicObject};
+use kube::api::DynamicObject;
 use kube::discovery::ApiResource;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -318,16 +318,8 @@ pub(crate) fn watch_children(
         first_list,
     } in writers
     {
-        let (api, watch): (Api<LiveChild>, String) = match &scope {
-            Some(ns) => (
-                Api::namespaced_with(shared.client.clone(), ns, &child_ar),
-                format!("{kind_key} in {ns}"),
-            ),
-            None => (
-                Api::all_with(shared.client.clone(), &child_ar),
-                kind_key.clone(),
-            ),
-        };
+        let (api, watch) =
+            super::scoped::<LiveChild>(&shared.client, scope.as_deref(), &child_ar, &kind_key);
         let config = super::watch_config();
         listed.push((watch.clone(), first_list.subscribe()));
         let health = (shared.metrics.clone(), watch);

@@ -201,6 +201,26 @@ impl Watched {
     }
 }
 
+/// The API of `ar` in `scope` (a namespace, or all of them), and the name of a watch of it for
+/// logs and health: `name`, with the namespace when there is one.
+pub(crate) fn scoped<K>(
+    client: &kube::Client,
+    scope: Option<&str>,
+    ar: &ApiResource,
+    name: &str,
+) -> (Api<K>, String)
+where
+    K: kube::Resource<DynamicType = ApiResource, Scope = kube::core::DynamicResourceScope>,
+{
+    match scope {
+        Some(ns) => (
+            Api::namespaced_with(client.clone(), ns, ar),
+            format!("{name} in {ns}"),
+        ),
+        None => (Api::all_with(client.clone(), ar), name.to_owned()),
+    }
+}
+
 /// What every controller shares.
 pub(crate) struct Shared {
     pub client: kube::Client,
@@ -441,7 +461,6 @@ pub async fn run(
         stop: trigger_tx.clone(),
         stopping: stopping.clone(),
         running: Mutex::new(Vec::new()),
-        rescans: Mutex::new(Vec::new()),
         kinds: Mutex::new(BTreeMap::new()),
         finding: tokio::sync::Mutex::new(()),
         unserved: Mutex::new(Vec::new()),
@@ -776,9 +795,7 @@ pub(crate) async fn find_missing(
             targets.insert(key, Ok(ar));
         }
     }
-    for rescan in lock(&controllers.rescans).iter() {
-        let _ = rescan.unbounded_send(());
-    }
+    controllers.rescan_all();
 }
 
 /// The controllers of one served Kind (one per watched namespace).
@@ -787,6 +804,14 @@ struct KindControllers {
     stop: watch::Sender<bool>,
     /// Each asks its controller to reconcile every resource of the Kind.
     rescans: Vec<mpsc::UnboundedSender<()>>,
+}
+
+impl KindControllers {
+    fn rescan(&self) {
+        for rescan in &self.rescans {
+            let _ = rescan.unbounded_send(());
+        }
+    }
 }
 
 /// The controllers of the served Kinds: those running, and the Kinds whose CRD was not
@@ -798,8 +823,6 @@ pub(crate) struct Controllers {
     /// a plugin loaded at that moment) does not start.
     stopping: watch::Receiver<bool>,
     running: Mutex<Vec<tokio::task::JoinHandle<()>>>,
-    /// One per controller: asks it to reconcile every resource of its Kind.
-    rescans: Mutex<Vec<mpsc::UnboundedSender<()>>>,
     /// Served Kinds not installed yet: the plugin's name, the Kind, what to discover.
     unserved: Mutex<Vec<(String, crate::types::KindInfo, GroupVersionKind)>>,
     /// The controllers of each served Kind, by `apiVersion/Kind`.
@@ -840,16 +863,8 @@ impl Controllers {
             .subscribe();
         let mut listed = Vec::new();
         for scope in settings.scopes() {
-            let (api, watch): (Api<DynamicObject>, String) = match &scope {
-                Some(ns) => (
-                    Api::namespaced_with(shared.client.clone(), ns, &ar),
-                    format!("{controller} in {ns}"),
-                ),
-                None => (
-                    Api::all_with(shared.client.clone(), &ar),
-                    controller.clone(),
-                ),
-            };
+            let (api, watch) =
+                scoped::<DynamicObject>(&shared.client, scope.as_deref(), &ar, &controller);
             let (tx, rx) = mpsc::unbounded();
             lock(&shared.owners)
                 .entry(format!("{}/{}", ar.api_version, ar.kind))
@@ -857,7 +872,6 @@ impl Controllers {
                 .1
                 .push((scope.clone(), tx));
             let (rescan, rescanned) = mpsc::unbounded();
-            lock(&self.rescans).push(rescan.clone());
             if let Some(k) = lock(&self.kinds).get_mut(&key) {
                 k.rescans.push(rescan);
             }
@@ -918,9 +932,14 @@ impl Controllers {
     /// Asks the controllers of `apiVersion/Kind` to reconcile every resource of it.
     pub(crate) fn rescan(&self, key: &str) {
         if let Some(k) = lock(&self.kinds).get(key) {
-            for rescan in &k.rescans {
-                let _ = rescan.unbounded_send(());
-            }
+            k.rescan();
+        }
+    }
+
+    /// Asks every controller to reconcile every resource of its Kind.
+    fn rescan_all(&self) {
+        for k in lock(&self.kinds).values() {
+            k.rescan();
         }
     }
 
@@ -1041,9 +1060,14 @@ fn render_input(obj: &DynamicObject) -> Option<u64> {
 
 /// How long to wait after the `n`th failure in a row: 1 s doubling to 5 minutes.
 pub(crate) fn backoff(n: u32) -> Action {
+    Action::requeue(backoff_delay(n))
+}
+
+/// The wait of [`backoff`].
+pub(crate) fn backoff_delay(n: u32) -> Duration {
     let secs = 1u64
         .checked_shl(n.saturating_sub(1).min(9))
         .unwrap_or(300)
         .min(300);
-    Action::requeue(Duration::from_secs(secs))
+    Duration::from_secs(secs)
 }

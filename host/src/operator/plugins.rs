@@ -311,15 +311,6 @@ pub(crate) fn serve(
 /// a Kind another serves) is looked at again.
 const STALLED_RETRY: Duration = Duration::from_secs(300);
 
-/// How long to wait after the `n`th transient failure in a row: 1 s doubling to 5 minutes.
-fn retry_after(n: u32) -> Duration {
-    Duration::from_secs(
-        1u64.checked_shl(n.saturating_sub(1).min(9))
-            .unwrap_or(300)
-            .min(300),
-    )
-}
-
 /// The Plugin named `name`, as the watch shows it now.
 fn current(store: &Store<DynamicObject>, name: &str) -> Option<Arc<DynamicObject>> {
     store.get(&reflector::ObjectRef::new_with(name, api_resource()))
@@ -381,7 +372,7 @@ impl Loader {
                 // something else changes (a rule granted, another Plugin gone) is looked at
                 // again now and then, and at once when a Plugin goes.
                 let wait = if refusal.transient {
-                    retry_after(n)
+                    super::backoff_delay(n)
                 } else {
                     STALLED_RETRY
                 };
@@ -859,24 +850,10 @@ impl Loader {
         refusal: Option<&Refusal>,
         message: &str,
     ) {
-        let now = k8s_openapi::jiff::Timestamp::now()
-            .round(k8s_openapi::jiff::Unit::Second)
-            .unwrap_or_else(|_| k8s_openapi::jiff::Timestamp::now())
-            .to_string();
+        let now = super::status::now();
         let previous = o.data.get("status").and_then(|s| s.get("conditions"));
-        let since = |type_: &str, status: &str| {
-            previous
-                .and_then(Value::as_array)
-                .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
-                .filter(|c| c["status"] == status)
-                .and_then(|c| c["lastTransitionTime"].as_str())
-                .unwrap_or(&now)
-                .to_owned()
-        };
         let cond = |type_: &str, on: bool, reason: &str, message: &str| {
-            let status = if on { "True" } else { "False" };
-            json!({ "type": type_, "status": status, "reason": reason, "message": message,
-                "observedGeneration": generation, "lastTransitionTime": since(type_, status) })
+            super::status::condition(type_, on, reason, message, generation, previous, &now)
         };
         let message = super::status::bounded_to(message, 4096);
         let conditions = match refusal {

@@ -119,7 +119,17 @@ pub(crate) fn bounded_to(message: &str, limit: usize) -> String {
     crate::error::bounded(message.to_owned(), limit.saturating_sub(32))
 }
 
-fn condition(
+/// The time a condition written now records: to the second, as the API server keeps it.
+pub(crate) fn now() -> String {
+    Timestamp::now()
+        .round(k8s_openapi::jiff::Unit::Second)
+        .unwrap_or_else(|_| Timestamp::now())
+        .to_string()
+}
+
+/// A kstatus condition; it keeps the transition time `previous` (the conditions written last)
+/// gives it until its status changes.
+pub(crate) fn condition(
     type_: &str,
     status: bool,
     reason: &str,
@@ -154,10 +164,7 @@ pub(crate) fn status(
     current: Option<&Value>,
     plugin: &str,
 ) -> Value {
-    let now = Timestamp::now()
-        .round(k8s_openapi::jiff::Unit::Second)
-        .unwrap_or_else(|_| Timestamp::now())
-        .to_string();
+    let now = now();
     let previous = current.and_then(|s| s.get("conditions"));
     // Ready, Reconciling and Stalled all follow from three facts: ready, stalled, and why.
     let Outcome {

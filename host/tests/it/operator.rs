@@ -40,20 +40,8 @@ impl Operator {
         group: &str,
         extra: &[PathBuf],
     ) -> Self {
-        let settings = host::operator::Settings {
-            namespaces: watch.map(str::to_owned).into_iter().collect(),
-            metrics_addr: free_addr(),
-            leader_election: true,
-            lease_namespace: lease_namespace.to_owned(),
-            lease_name: "wasm-operator".to_owned(),
-            identity: identity.to_owned(),
-            concurrency: 4,
-            max_writes_in_flight: 16,
-            render_wait: Duration::from_secs(3),
-            unready_after: Duration::from_secs(30),
-            stuck_after: Duration::from_secs(120),
-            plugin_resources: None,
-        };
+        let namespaces = watch.map(str::to_owned).into_iter().collect();
+        let settings = settings(namespaces, lease_namespace, identity);
         Self::start_settings(client, group, extra, settings).await
     }
 
@@ -143,6 +131,29 @@ impl Operator {
             matches!(result, Ok(Ok(Ok(())))),
             "the operator did not stop cleanly: {result:?}"
         );
+    }
+}
+
+/// How the operators of these tests run: leader election on a Lease in `lease_namespace`,
+/// watching `namespaces` (none: all), metrics on a free port.
+pub(crate) fn settings(
+    namespaces: Vec<String>,
+    lease_namespace: &str,
+    identity: &str,
+) -> host::operator::Settings {
+    host::operator::Settings {
+        namespaces,
+        metrics_addr: free_addr(),
+        leader_election: true,
+        lease_namespace: lease_namespace.to_owned(),
+        lease_name: "wasm-operator".to_owned(),
+        identity: identity.to_owned(),
+        concurrency: 4,
+        max_writes_in_flight: 16,
+        render_wait: Duration::from_secs(3),
+        unready_after: Duration::from_secs(30),
+        stuck_after: Duration::from_secs(120),
+        plugin_resources: None,
     }
 }
 
@@ -830,20 +841,7 @@ async fn watching_some_namespaces_it_needs_and_touches_those_alone() {
         .service_account_client(&admin, &home, &home)
         .await
         .unwrap();
-    let settings = host::operator::Settings {
-        namespaces: vec![a.clone(), b.clone()],
-        metrics_addr: free_addr(),
-        leader_election: true,
-        lease_namespace: home.clone(),
-        lease_name: "wasm-operator".to_owned(),
-        identity: "namespaced".to_owned(),
-        concurrency: 4,
-        max_writes_in_flight: 16,
-        render_wait: Duration::from_secs(3),
-        unready_after: Duration::from_secs(30),
-        stuck_after: Duration::from_secs(120),
-        plugin_resources: None,
-    };
+    let settings = settings(vec![a.clone(), b.clone()], &home, "namespaced");
     let op = Operator::start_settings(client, "hanzo.ai", &[], settings).await;
     for ns in [&a, &b, &elsewhere] {
         apply(cp, ns, WEB);

@@ -317,17 +317,7 @@ fn settings_for(
     store: &std::path::Path,
 ) -> host::operator::Settings {
     host::operator::Settings {
-        namespaces: Vec::new(),
-        metrics_addr: std::net::SocketAddr::from(([127, 0, 0, 1], testenv::free_port().unwrap())),
-        leader_election: true,
-        lease_namespace: "default".into(),
-        lease_name: "wasm-operator".into(),
-        identity: "live".into(),
-        concurrency: 4,
-        max_writes_in_flight: 16,
         render_wait: Duration::from_secs(5),
-        unready_after: Duration::from_secs(30),
-        stuck_after: Duration::from_secs(120),
         plugin_resources: Some(host::operator::plugins::Live {
             runtime: runtime.clone(),
             registries: host::oci::Options {
@@ -336,6 +326,7 @@ fn settings_for(
             },
             store: Some(host::oci::Store::new(store)),
         }),
+        ..crate::operator::settings(Vec::new(), "default", "live")
     }
 }
 
