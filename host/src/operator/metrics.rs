@@ -169,6 +169,9 @@ pub struct Metrics {
     pub watch_errors: Family<WatchLabels, Counter>,
     /// `wasm_operator_report_errors_total`: status and event writes that failed.
     pub report_errors: Family<WriteLabels, Counter>,
+    /// `wasm_operator_plugins_prefetched`: the `Plugin`s a standby holds loaded (pulled,
+    /// compiled, checked) for when it leads.
+    pub plugins_prefetched: Gauge,
     ready: AtomicBool,
     /// Whether any watch has failed and not worked since (a fast path for every event).
     any_failing: AtomicBool,
@@ -197,6 +200,12 @@ impl Default for Metrics {
         let writes = Family::<WriteLabels, Counter>::default();
         let watch_errors = Family::<WatchLabels, Counter>::default();
         let report_errors = Family::<WriteLabels, Counter>::default();
+        let plugins_prefetched = Gauge::default();
+        registry.register(
+            "wasm_operator_plugins_prefetched",
+            "Plugin resources a standby replica holds loaded for when it leads",
+            plugins_prefetched.clone(),
+        );
         registry.register(
             "wasm_operator_watch_errors",
             "Errors of the watches (each is retried with backoff)",
@@ -253,6 +262,7 @@ impl Default for Metrics {
             writes,
             watch_errors,
             report_errors,
+            plugins_prefetched,
             ready: AtomicBool::new(false),
             any_failing: AtomicBool::new(false),
             health: Mutex::new(Health::default()),

@@ -376,6 +376,7 @@ pub async fn run(
     // Leader election: only the leader reconciles; the others wait.
     let mut leadership = None;
     let mut fence = lease::Fence::open();
+    let mut prefetched = BTreeMap::new();
     if settings.leader_election {
         let (is_leader, lease_fence, handle) = lease::elect(
             client.clone(),
@@ -387,11 +388,22 @@ pub async fn run(
         fence = lease_fence;
         tracing::info!(identity = %settings.identity, lease = %settings.lease_name, "waiting to lead");
         metrics.set_ready(true);
+        // Meanwhile, the Plugins are made ready to serve.
+        let standby = settings.plugin_resources.as_ref().map(|live| {
+            plugins::Standby::start(
+                client.clone(),
+                live.clone(),
+                registry.context().clone(),
+                metrics.clone(),
+            )
+        });
         let mut stop = stop_rx.clone();
         let elected = tokio::select! {
             r = is_leader.wait_for(|l| *l) => { r.map(|_| true).map_err(|e| Error::Lease(e.to_string()))? }
             _ = stop.wait_for(|s| *s) => false,
         };
+        prefetched = standby.map(plugins::Standby::take).unwrap_or_default();
+        metrics.plugins_prefetched.set(0);
         if !elected {
             drop(is_leader);
             let _ = handle.await;
@@ -486,6 +498,7 @@ pub async fn run(
                 settings.clone(),
                 controllers.clone(),
                 live.clone(),
+                std::mem::take(&mut prefetched),
             );
             listed.push(("plugins.wasm-operator.dev".to_owned(), first));
             Some(task)

@@ -36,6 +36,7 @@ use super::{
 use crate::oci::{self, Reference};
 use crate::plugin::{Limits, Plugin, Runtime};
 use crate::registry::Registry;
+use crate::types::Context;
 
 /// The group of the `Plugin` Kind.
 pub const GROUP: &str = "wasm-operator.dev";
@@ -204,6 +205,184 @@ impl Refusal {
     }
 }
 
+/// A plugin pulled, checked and loaded, not yet served.
+pub(crate) struct Prepared {
+    /// The reference pulled, pinned.
+    reference: Reference,
+    limits: Limits,
+    plugin: Plugin,
+}
+
+/// The image a Plugin's `spec` names (pinned by digest), and the limits it asks for.
+fn wanted(live: &Live, spec: &Value) -> Result<(Reference, Limits), Refusal> {
+    let image = spec["image"].as_str().unwrap_or_default();
+    let reference = Reference::parse(image)
+        .map_err(|e| Refusal::stalled("InvalidImage", format!("spec.image: {e}")))?;
+    if reference.digest.is_none() {
+        return Err(Refusal::stalled(
+            "TagNotAllowed",
+            format!(
+                "spec.image: {image} names no digest: pin it (`host push` and `host pull` print REF@sha256:...)"
+            ),
+        ));
+    }
+    Ok((reference, limits(live, spec)?))
+}
+
+/// The sandbox limits `spec.limits` asks for, within the operator's own.
+fn limits(live: &Live, spec: &Value) -> Result<Limits, Refusal> {
+    let mut limits = live.runtime.limits();
+    let l = &spec["limits"];
+    let bad = |field: &str, e: String| {
+        Refusal::stalled("InvalidLimits", format!("spec.limits.{field}: {e}"))
+    };
+    if let Some(t) = l["timeout"].as_str() {
+        limits.deadline = crate::cli::parse_duration(t).map_err(|e| bad("timeout", e))?;
+    }
+    if let Some(m) = l["memory"].as_str() {
+        limits.memory_bytes = crate::cli::parse_bytes(m).map_err(|e| bad("memory", e))?;
+    }
+    if let Some(o) = l["output"].as_str() {
+        limits.output_bytes = crate::cli::parse_bytes(o).map_err(|e| bad("output", e))?;
+    }
+    if let Some(n) = l["maxManifests"].as_u64() {
+        limits.max_manifests = usize::try_from(n).unwrap_or(usize::MAX);
+    }
+    Ok(live.runtime.with_limits(limits).limits())
+}
+
+/// Pulls the plugin (checked against its digest; kept in the store), compiles it (the compile
+/// cache), runs the checks of `host check` and loads it under `limits`. Nothing of the cluster
+/// is read or written.
+async fn prepare(
+    live: &Live,
+    ctx: &Context,
+    name: &str,
+    reference: Reference,
+    limits: Limits,
+) -> Result<Prepared, Refusal> {
+    let pulled = oci::pull(&reference, &live.registries, live.store.as_ref(), true)
+        .await
+        .map_err(|e| match e {
+            oci::Error::Unreachable { .. } | oci::Error::Registry { .. } => {
+                Refusal::transient("PullFailed", e.to_string())
+            }
+            other => Refusal::stalled("PullFailed", other.to_string()),
+        })?;
+    let source = format!("Plugin/{name} ({}{})", oci::SCHEME, pulled.reference);
+    let runtime = live.runtime.with_limits(limits);
+    let (report, plugin) = {
+        let (wasm, ctx) = (pulled.wasm, ctx.clone());
+        tokio::task::spawn_blocking(move || {
+            let report = crate::check::check(&runtime, &wasm, &source, &ctx, &[]);
+            let plugin = report.passed.then(|| runtime.load(&wasm, &source, &ctx));
+            (report, plugin)
+        })
+        .await
+        .map_err(|e| Refusal::transient("LoadFailed", e.to_string()))?
+    };
+    match plugin {
+        Some(Ok(plugin)) => Ok(Prepared {
+            reference: pulled.reference,
+            limits,
+            plugin,
+        }),
+        Some(Err(e)) => Err(Refusal::stalled("LoadFailed", e.to_string())),
+        None => {
+            let failed: Vec<String> = report
+                .findings
+                .iter()
+                .filter(|f| f.outcome == crate::check::Outcome::Fail)
+                .map(|f| format!("{}: {}", f.check, f.detail))
+                .collect();
+            Err(Refusal::stalled(
+                "CheckFailed",
+                format!("host check failed: {}", failed.join("; ")),
+            ))
+        }
+    }
+}
+
+/// What a standby replica does while it waits for the Lease: it watches the `Plugin`s and
+/// makes each ready (pulled, compiled, checked, loaded) without writing anything, so that when
+/// it leads it serves them at once, with no pull or compile, even with the registry down.
+pub(crate) struct Standby {
+    task: tokio::task::JoinHandle<()>,
+    ready: Arc<std::sync::Mutex<BTreeMap<String, Prepared>>>,
+}
+
+impl Standby {
+    /// Starts making the Plugins ready.
+    pub(crate) fn start(
+        client: kube::Client,
+        live: Live,
+        ctx: Context,
+        metrics: Arc<super::Metrics>,
+    ) -> Self {
+        let ready: Arc<std::sync::Mutex<BTreeMap<String, Prepared>>> = Arc::default();
+        let api: Api<DynamicObject> = Api::all_with(client, &api_resource());
+        let events = watcher(api, watch_config()).default_backoff();
+        let shared = ready.clone();
+        let task = tokio::spawn(async move {
+            let mut events = std::pin::pin!(events);
+            // The Plugins of the list in progress: those not in it were deleted meanwhile.
+            let mut listing: Option<std::collections::BTreeSet<String>> = None;
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(watcher::Event::Init) => listing = Some(Default::default()),
+                    Ok(watcher::Event::InitApply(o) | watcher::Event::Apply(o)) => {
+                        let name = o.name_any();
+                        if let Some(listing) = listing.as_mut() {
+                            listing.insert(name.clone());
+                        }
+                        let spec = o.data.get("spec").cloned().unwrap_or(Value::Null);
+                        let Ok((reference, limits)) = wanted(&live, &spec) else {
+                            lock(&shared).remove(&name);
+                            continue;
+                        };
+                        let held = lock(&shared).get(&name).is_some_and(|p| {
+                            p.reference.digest == reference.digest && p.limits == limits
+                        });
+                        if held {
+                            continue;
+                        }
+                        match prepare(&live, &ctx, &name, reference, limits).await {
+                            Ok(p) => {
+                                tracing::info!(plugin = %name, image = %p.reference, "loaded, ready for when this replica leads");
+                                lock(&shared).insert(name, p);
+                            }
+                            // The leader says why in status; this replica tries again then.
+                            Err(r) => {
+                                lock(&shared).remove(&name);
+                                tracing::info!(plugin = %name, reason = r.reason, "not loaded while standing by: {}", r.message);
+                            }
+                        }
+                    }
+                    Ok(watcher::Event::Delete(o)) => {
+                        lock(&shared).remove(&o.name_any());
+                    }
+                    Ok(watcher::Event::InitDone) => {
+                        if let Some(listed) = listing.take() {
+                            lock(&shared).retain(|name, _| listed.contains(name));
+                        }
+                    }
+                    Err(e) => tracing::debug!("standby's watch of Plugins: {e}"),
+                }
+                metrics
+                    .plugins_prefetched
+                    .set(i64::try_from(lock(&shared).len()).unwrap_or(i64::MAX));
+            }
+        });
+        Self { task, ready }
+    }
+
+    /// Stops, and hands over what is ready.
+    pub(crate) fn take(self) -> BTreeMap<String, Prepared> {
+        self.task.abort();
+        std::mem::take(&mut *lock(&self.ready))
+    }
+}
+
 /// The state of live loading: the plugins given at start, and those loaded since.
 struct Loader {
     shared: Arc<Shared>,
@@ -219,6 +398,8 @@ struct Loader {
     /// The generation of each Plugin last acted on, and whether it is served as asked: the same
     /// generation again (the echo of our own status write, a relist) is no news.
     attempted: BTreeMap<String, (i64, bool)>,
+    /// What this replica made ready while it stood by, taken as each Plugin is first synced.
+    prefetched: BTreeMap<String, Prepared>,
     /// The Plugins with a retry on its way.
     pending: std::collections::BTreeSet<String>,
     retry: mpsc::UnboundedSender<String>,
@@ -231,6 +412,7 @@ pub(crate) fn serve(
     settings: Settings,
     controllers: Arc<Controllers>,
     live: Live,
+    prefetched: BTreeMap<String, Prepared>,
 ) -> (tokio::task::JoinHandle<()>, FirstListDone) {
     let ar = api_resource();
     let api: Api<DynamicObject> = Api::all_with(shared.client.clone(), &ar);
@@ -251,6 +433,7 @@ pub(crate) fn serve(
         loaded: BTreeMap::new(),
         failures: BTreeMap::new(),
         attempted: BTreeMap::new(),
+        prefetched,
         pending: std::collections::BTreeSet::new(),
         retry,
     };
@@ -405,66 +588,26 @@ impl Loader {
     /// changed.
     async fn load(&mut self, name: &str, o: &DynamicObject) -> Result<bool, Refusal> {
         let spec = o.data.get("spec").cloned().unwrap_or(Value::Null);
-        let image = spec["image"].as_str().unwrap_or_default();
-        let reference = Reference::parse(image)
-            .map_err(|e| Refusal::stalled("InvalidImage", format!("spec.image: {e}")))?;
-        if reference.digest.is_none() {
-            return Err(Refusal::stalled(
-                "TagNotAllowed",
-                format!(
-                    "spec.image: {image} names no digest: pin it (`host push` and `host pull` print REF@sha256:...)"
-                ),
-            ));
-        }
-        let limits = self.limits(&spec)?;
+        let (reference, limits) = wanted(&self.live, &spec)?;
         if let Some(l) = self.loaded.get(name)
             && l.reference.digest == reference.digest
             && l.limits == limits
         {
             return Ok(false);
         }
-        let pulled = oci::pull(
-            &reference,
-            &self.live.registries,
-            self.live.store.as_ref(),
-            true,
-        )
-        .await
-        .map_err(|e| match e {
-            oci::Error::Unreachable { .. } | oci::Error::Registry { .. } => {
-                Refusal::transient("PullFailed", e.to_string())
+        // What a standby made ready while it waited for the Lease, if it is what is asked.
+        let prepared = match self.prefetched.remove(name) {
+            Some(p) if p.reference.digest == reference.digest && p.limits == limits => {
+                tracing::info!(plugin = %name, image = %p.reference, "loaded while standing by");
+                p
             }
-            other => Refusal::stalled("PullFailed", other.to_string()),
-        })?;
-        let source = format!("Plugin/{name} ({}{})", oci::SCHEME, pulled.reference);
-        let runtime = self.live.runtime.with_limits(limits);
-        let ctx = self.base.context().clone();
-        let (report, plugin) = {
-            let (wasm, source, ctx) = (pulled.wasm, source.clone(), ctx.clone());
-            tokio::task::spawn_blocking(move || {
-                let report = crate::check::check(&runtime, &wasm, &source, &ctx, &[]);
-                let plugin = report.passed.then(|| runtime.load(&wasm, &source, &ctx));
-                (report, plugin)
-            })
-            .await
-            .map_err(|e| Refusal::transient("LoadFailed", e.to_string()))?
+            _ => prepare(&self.live, self.base.context(), name, reference, limits).await?,
         };
-        let plugin = match plugin {
-            Some(Ok(plugin)) => plugin,
-            Some(Err(e)) => return Err(Refusal::stalled("LoadFailed", e.to_string())),
-            None => {
-                let failed: Vec<String> = report
-                    .findings
-                    .iter()
-                    .filter(|f| f.outcome == crate::check::Outcome::Fail)
-                    .map(|f| format!("{}: {}", f.check, f.detail))
-                    .collect();
-                return Err(Refusal::stalled(
-                    "CheckFailed",
-                    format!("host check failed: {}", failed.join("; ")),
-                ));
-            }
-        };
+        let Prepared {
+            reference,
+            limits,
+            plugin,
+        } = prepared;
         // Every other plugin stays as it is; this one replaces its own last version only.
         let candidate = self.registry(Some((name, &plugin))).map_err(|e| match e {
             crate::Error::KindConflict { .. } => Refusal::stalled("KindConflict", e.to_string()),
@@ -536,35 +679,13 @@ impl Loader {
         self.loaded.insert(
             name.to_owned(),
             Loaded {
-                reference: pulled.reference,
+                reference,
                 limits,
                 plugin,
                 kinds: kinds.into_iter().map(|(key, _, _)| key).collect(),
             },
         );
         Ok(true)
-    }
-
-    /// The sandbox limits `spec.limits` asks for, within the operator's own.
-    fn limits(&self, spec: &Value) -> Result<Limits, Refusal> {
-        let mut limits = self.live.runtime.limits();
-        let l = &spec["limits"];
-        let bad = |field: &str, e: String| {
-            Refusal::stalled("InvalidLimits", format!("spec.limits.{field}: {e}"))
-        };
-        if let Some(t) = l["timeout"].as_str() {
-            limits.deadline = crate::cli::parse_duration(t).map_err(|e| bad("timeout", e))?;
-        }
-        if let Some(m) = l["memory"].as_str() {
-            limits.memory_bytes = crate::cli::parse_bytes(m).map_err(|e| bad("memory", e))?;
-        }
-        if let Some(o) = l["output"].as_str() {
-            limits.output_bytes = crate::cli::parse_bytes(o).map_err(|e| bad("output", e))?;
-        }
-        if let Some(n) = l["maxManifests"].as_u64() {
-            limits.max_manifests = usize::try_from(n).unwrap_or(usize::MAX);
-        }
-        Ok(self.live.runtime.with_limits(limits).limits())
     }
 
     /// The registry of the plugins at start and every Plugin loaded, with `with` (a Plugin's

@@ -10,6 +10,91 @@ use testenv::{ControlPlane, Registry, RegistryOptions};
 
 use crate::operator::{apply, eventually, get, kubectl, kubectl_ok, wait_ready};
 
+/// Two replicas: the standby pulls, compiles and checks every Plugin while it waits for the
+/// Lease, so when the leader goes it serves them at once, with the registry down and nothing
+/// of the plugin on its disk before it stood by.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_has_the_plugins_loaded_when_it_becomes_leader() {
+    let cp = ControlPlane::start().unwrap();
+    let _logs = cp.logs_on_failure();
+    let mut registry = Registry::start(RegistryOptions::default()).unwrap();
+    let image = push(
+        &registry,
+        "plugins/hostile",
+        &std::fs::read(test_guests::HOSTILE).unwrap(),
+    )
+    .await;
+    install_plugin_crd(&cp);
+    let runtime = host::plugin::Runtime::new(
+        host::plugin::Limits::default(),
+        Some(crate::support::cache()),
+    )
+    .unwrap();
+    let base = || host::registry::Registry::load(&runtime, Default::default(), false, &[]).unwrap();
+    // Each replica has a store of its own, as each pod has.
+    let (store_a, store_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let replica = |identity: &str, store: &std::path::Path| host::operator::Settings {
+        identity: identity.to_owned(),
+        ..settings_for(&runtime, store)
+    };
+    let a = LiveOperator::start(
+        cp.client().await.unwrap(),
+        base(),
+        replica("replica-a", store_a.path()),
+    );
+    let holder = || {
+        get(&cp, "default", "lease/wasm-operator")
+            .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_owned))
+    };
+    eventually("replica-a to lead", Duration::from_secs(30), || {
+        holder().as_deref() == Some("replica-a")
+    })
+    .await;
+    let b = LiveOperator::start(
+        cp.client().await.unwrap(),
+        base(),
+        replica("replica-b", store_b.path()),
+    );
+
+    apply_cluster(&cp, &plugin("hostile", &image));
+    wait_for(&cp, "Ready", "plugins.wasm-operator.dev/hostile");
+    let admin = cp.client().await.unwrap();
+    let ns = cp.namespace(&admin, "standby").await.unwrap();
+    let hostile = "apiVersion: test.wasm-operator.dev/v1\nkind: Hostile\nmetadata: {name: h}\nspec: {mode: ok}\n";
+    apply(&cp, &ns, hostile);
+    wait_ready(&cp, &ns, "hostiles.test.wasm-operator.dev/h");
+    eventually(
+        "the standby to load the Plugin",
+        Duration::from_secs(60),
+        || b.metric("wasm_operator_plugins_prefetched") == Some(1.0),
+    )
+    .await;
+    assert_eq!(holder().as_deref(), Some("replica-a"), "the standby led");
+
+    // The registry goes, then the leader: the standby serves the plugin it loaded.
+    registry.stop();
+    a.stop().await;
+    eventually("replica-b to lead", Duration::from_secs(30), || {
+        holder().as_deref() == Some("replica-b")
+    })
+    .await;
+    apply(&cp, &ns, &hostile.replace("mode: ok", "mode: counter"));
+    eventually(
+        "replica-b to reconcile with the plugin it loaded standing by",
+        Duration::from_secs(30),
+        || get(&cp, &ns, "configmap/h").is_some_and(|c| c["data"].get("renders").is_some()),
+    )
+    .await;
+    let status = plugin_status(&cp, "hostile");
+    assert_eq!(ready(&status).0, "True", "{status}");
+    assert_eq!(
+        b.metric("wasm_operator_plugins_prefetched"),
+        Some(0.0),
+        "handed over when it led"
+    );
+    b.stop().await;
+}
+
 /// Pushes `wasm` to the registry as `repository:tag`; the reference pinned to its digest.
 async fn push(registry: &Registry, repository: &str, wasm: &[u8]) -> String {
     let reference =
@@ -52,6 +137,7 @@ fn ready(status: &Value) -> (String, String, String) {
 struct LiveOperator {
     stop: tokio::sync::oneshot::Sender<()>,
     task: tokio::task::JoinHandle<Result<(), host::operator::Error>>,
+    metrics: std::net::SocketAddr,
 }
 
 impl LiveOperator {
@@ -61,6 +147,7 @@ impl LiveOperator {
         settings: host::operator::Settings,
     ) -> Self {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let metrics = settings.metrics_addr;
         let task = tokio::spawn(host::operator::run(
             client,
             registry,
@@ -69,7 +156,18 @@ impl LiveOperator {
                 let _ = stopped.await;
             },
         ));
-        Self { stop, task }
+        Self {
+            stop,
+            task,
+            metrics,
+        }
+    }
+
+    /// The value of the metric `name` (without labels), once it is exported.
+    fn metric(&self, name: &str) -> Option<f64> {
+        crate::operator::http_get(self.metrics, "/metrics")
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
     }
 
     fn is_finished(&self) -> bool {
