@@ -61,6 +61,12 @@ fn documents(text: &str) -> Vec<Value> {
 
 /// `helm template` of the chart as release `wasm-operator` in namespace `wasm-operator`.
 pub(crate) fn template(sets: &[&str]) -> String {
+    template_with(None, sets)
+}
+
+/// As [`template`], with a values file first (`-f`).
+pub(crate) fn template_with(values: Option<&std::path::Path>, sets: &[&str]) -> String {
+    let values = values.map(|v| v.display().to_string());
     let mut args = vec![
         "template",
         "wasm-operator",
@@ -68,6 +74,9 @@ pub(crate) fn template(sets: &[&str]) -> String {
         "--namespace",
         "wasm-operator",
     ];
+    if let Some(values) = &values {
+        args.extend(["--values", values]);
+    }
     for set in sets {
         args.extend(["--set", set]);
     }

@@ -2,7 +2,9 @@
 //! chart's pod: the ServiceAccount's token and the cluster's CA mounted at
 //! `/var/run/secrets/kubernetes.io/serviceaccount`, `KUBERNETES_SERVICE_HOST`/`PORT` set, a
 //! read-only root filesystem, user 65532, every capability dropped, the chart's arguments and
-//! environment. `scripts/test` builds the image and names it in `$WASM_OPERATOR_IMAGE`.
+//! environment. `scripts/test` builds the image and names it in `$WASM_OPERATOR_IMAGE`. The
+//! chart serves `Plugin` resources too (`pluginResources.enabled`): a third party's plugin,
+//! pushed to a registry, is loaded live by the operator in the container.
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::process::{Command, Output, Stdio};
@@ -133,12 +135,43 @@ async fn the_image_runs_as_the_in_cluster_operator() {
     // The chart, rendered for this image and a free metrics port, installed as plain manifests.
     let port = testenv::free_port().unwrap();
     let (repository, tag) = image.rsplit_once(':').expect("image:tag");
-    let rendered = crate::chart::template(&[
-        "namespace.create=true",
-        &format!("image.repository={repository}"),
-        &format!("image.tag={tag}"),
-        &format!("metrics.port={port}"),
-    ]);
+    // With Plugin resources, and what docs/plugins.md says a plugin loaded that way needs:
+    // the ClusterRole rules `host rbac --no-builtins --plugin FILE` prints, in
+    // plugins.extraRules (here, for the JavaScript example plugin).
+    let plugin_wasm = testenv::static_site_plugin().expect("scripts/js-plugin builds it");
+    let rbac = Command::new(env!("CARGO_BIN_EXE_host"))
+        .args(["rbac", "--no-builtins", "--plugin"])
+        .arg(&plugin_wasm)
+        .env(
+            "WASM_OPERATOR_CACHE",
+            std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
+        )
+        .output()
+        .unwrap();
+    let rbac = crate::support::succeeded("host rbac", rbac);
+    let rules = host::documents::parse("host rbac", &rbac)
+        .unwrap()
+        .into_iter()
+        .find(|d| d.value["kind"] == "ClusterRole")
+        .expect("host rbac prints a ClusterRole")
+        .value["rules"]
+        .clone();
+    let values = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        values.path(),
+        serde_json::json!({ "plugins": { "extraRules": rules } }).to_string(),
+    )
+    .unwrap();
+    let rendered = crate::chart::template_with(
+        Some(values.path()),
+        &[
+            "namespace.create=true",
+            &format!("image.repository={repository}"),
+            &format!("image.tag={tag}"),
+            &format!("metrics.port={port}"),
+            "pluginResources.enabled=true",
+        ],
+    );
     let manifests = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(manifests.path(), &rendered).unwrap();
     kubectl_ok(
@@ -260,6 +293,20 @@ async fn the_image_runs_as_the_in_cluster_operator() {
         http_get(addr, "/readyz").starts_with("HTTP/1.0 200")
     })
     .await;
+
+    // A plugin pushed to a registry, named by a Plugin: loaded by the running operator, its
+    // CRD installed, its Kind reconciled to Ready.
+    let registry = testenv::Registry::start(Default::default()).unwrap();
+    let wasm = std::fs::read(&plugin_wasm).unwrap();
+    let image_ref = crate::plugins::push(&registry, "plugins/static-site", &wasm).await;
+    crate::plugins::apply_cluster(&cp, &crate::plugins::plugin("static-site", &image_ref));
+    crate::plugins::wait_for(&cp, "Ready", "plugins.wasm-operator.dev/static-site");
+    let site = std::fs::read_to_string(
+        crate::support::root().join("examples/plugins/static-site/site.yaml"),
+    )
+    .unwrap();
+    apply(&cp, &ns, &site);
+    wait_ready(&cp, &ns, "staticsites.sites.example.com/hello");
 
     // SIGTERM stops it cleanly, well within the pod's grace period.
     let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap();

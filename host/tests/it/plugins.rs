@@ -96,7 +96,7 @@ async fn a_standby_has_the_plugins_loaded_when_it_becomes_leader() {
 }
 
 /// Pushes `wasm` to the registry as `repository:tag`; the reference pinned to its digest.
-async fn push(registry: &Registry, repository: &str, wasm: &[u8]) -> String {
+pub(crate) async fn push(registry: &Registry, repository: &str, wasm: &[u8]) -> String {
     let reference =
         host::oci::Reference::parse(&format!("{}/{repository}:latest", registry.addr())).unwrap();
     let options = host::oci::Options {
@@ -109,7 +109,7 @@ async fn push(registry: &Registry, repository: &str, wasm: &[u8]) -> String {
     format!("oci://{pinned}")
 }
 
-fn plugin(name: &str, image: &str) -> String {
+pub(crate) fn plugin(name: &str, image: &str) -> String {
     format!(
         "apiVersion: wasm-operator.dev/v1alpha1\nkind: Plugin\nmetadata: {{name: {name}}}\nspec: {{image: \"{image}\"}}\n"
     )
@@ -185,7 +185,7 @@ impl LiveOperator {
 }
 
 /// `kubectl wait --for=condition=CONDITION WHAT` (cluster-scoped objects).
-fn wait_for(cp: &ControlPlane, condition: &str, what: &str) {
+pub(crate) fn wait_for(cp: &ControlPlane, condition: &str, what: &str) {
     kubectl_ok(
         cp,
         &[
@@ -206,7 +206,7 @@ fn install_plugin_crd(cp: &ControlPlane) {
     wait_for(cp, "Established", "crd/plugins.wasm-operator.dev");
 }
 
-fn apply_cluster(cp: &ControlPlane, yaml: &str) {
+pub(crate) fn apply_cluster(cp: &ControlPlane, yaml: &str) {
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), yaml).unwrap();
     kubectl_ok(cp, &["apply", "-f", &file.path().display().to_string()]);
