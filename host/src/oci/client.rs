@@ -42,8 +42,9 @@ pub struct Client {
     reference: Reference,
     /// `https` or `http`.
     scheme: &'static str,
-    /// The `Authorization` header that the registry accepted, once it asked for one.
-    auth: Option<HeaderValue>,
+    /// The `Authorization` header that the registry accepted, once it asked for one (renewed
+    /// when a token expires).
+    auth: std::sync::Mutex<Option<HeaderValue>>,
     options: Options,
     /// Whether this client may push (the token's scope).
     push: bool,
@@ -80,7 +81,7 @@ impl Client {
             http,
             reference: reference.clone(),
             scheme: if options.plain_http { "http" } else { "https" },
-            auth: None,
+            auth: std::sync::Mutex::new(None),
             options,
             push,
         };
@@ -119,7 +120,7 @@ impl Client {
     }
 
     /// Answers the registry's challenge (`WWW-Authenticate`) with the credentials given for it.
-    async fn authenticate(&mut self, headers: &HeaderMap) -> Result<(), Error> {
+    async fn authenticate(&self, headers: &HeaderMap) -> Result<(), Error> {
         let registry = self.reference.registry.clone();
         let challenge = headers
             .get(header::WWW_AUTHENTICATE)
@@ -137,7 +138,7 @@ impl Client {
                             .into(),
                     });
                 };
-                self.auth = Some(header_value(&format!("Basic {basic}"))?);
+                self.set_auth(header_value(&format!("Basic {basic}"))?);
             }
             "bearer" => {
                 let realm = params
@@ -164,11 +165,13 @@ impl Client {
                         ),
                     });
                 }
+                // The scope the registry names (a token that lacked it), else this client's.
                 let actions = if self.push { "pull,push" } else { "pull" };
-                let mut query = vec![(
-                    "scope".to_owned(),
-                    format!("repository:{}:{actions}", self.reference.repository),
-                )];
+                let scope = params.iter().find(|(k, _)| k == "scope").map_or_else(
+                    || format!("repository:{}:{actions}", self.reference.repository),
+                    |(_, v)| v.clone(),
+                );
+                let mut query = vec![("scope".to_owned(), scope)];
                 if let Some((_, service)) = params.iter().find(|(k, _)| k == "service") {
                     query.push(("service".to_owned(), service.clone()));
                 }
@@ -214,7 +217,7 @@ impl Client {
                         registry: registry.clone(),
                         why: "its token service gave no token".into(),
                     })?;
-                self.auth = Some(header_value(&format!("Bearer {token}"))?);
+                self.set_auth(header_value(&format!("Bearer {token}"))?);
             }
             _ => {
                 return Err(Error::Unauthorized {
@@ -228,9 +231,48 @@ impl Client {
         Ok(())
     }
 
+    fn set_auth(&self, auth: HeaderValue) {
+        *self
+            .auth
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(auth);
+    }
+
+    fn auth(&self) -> Option<HeaderValue> {
+        self.auth
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
     /// Sends a request to `path` on the registry (or to a full URL), with the credentials it
-    /// accepted, reading at most `limit` bytes of the answer.
+    /// accepted, reading at most `limit` bytes of the answer. Credentials refused after they
+    /// were accepted (a token expired, or one without the scope this request needs) are asked
+    /// for again, once, and the request sent again.
     pub(crate) async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        headers: HeaderMap,
+        body: Bytes,
+        limit: usize,
+    ) -> Result<Answer, Error> {
+        let had = self.auth();
+        let answer = self
+            .send_once(method.clone(), path, headers.clone(), body.clone(), limit)
+            .await?;
+        if answer.status != StatusCode::UNAUTHORIZED
+            || had.is_none()
+            || !answer.headers.contains_key(header::WWW_AUTHENTICATE)
+        {
+            return Ok(answer);
+        }
+        tracing::debug!(registry = %self.reference.registry, "credentials refused; asking again");
+        self.authenticate(&answer.headers).await?;
+        self.send_once(method, path, headers, body, limit).await
+    }
+
+    async fn send_once(
         &self,
         method: Method,
         path: &str,
@@ -246,10 +288,10 @@ impl Client {
         // Credentials go to the registry itself, as it was reached, and nowhere else (an upload
         // Location on another host, or the same host over plain HTTP behind a TLS proxy).
         let home = format!("{}://{}", self.scheme, self.reference.registry);
-        if let Some(auth) = &self.auth
+        if let Some(auth) = self.auth()
             && authority(&url) == home
         {
-            headers.insert(header::AUTHORIZATION, auth.clone());
+            headers.insert(header::AUTHORIZATION, auth);
         }
         // Blobs may be served from elsewhere (a bucket): follow redirects, and send our
         // credentials to the registry alone.

@@ -242,6 +242,7 @@ fn credentials_and_a_private_ca_are_what_the_registry_asks_for() {
     let registry = Registry::start(RegistryOptions {
         user: Some(("author".into(), "s3cret-pass".into())),
         tls: true,
+        ..Default::default()
     })
     .unwrap();
     let ca = registry.ca().unwrap().display().to_string();
@@ -305,6 +306,63 @@ fn credentials_and_a_private_ca_are_what_the_registry_asks_for() {
     let plain: Vec<&str> = plain.iter().map(String::as_str).collect();
     let out = host_in(dir.path(), &plain);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
+}
+
+/// The Bearer-token flow of public registries, against distribution's registry and its token
+/// server: the registry's challenge names the token service, which checks the credentials and
+/// grants a token for the repository's scope. The token server grants a user the repositories
+/// under its own name alone: elsewhere the registry refuses the token, and the host says so after
+/// asking once more (not in a loop).
+#[test]
+fn a_registry_that_asks_for_bearer_tokens_gets_them_from_its_token_service() {
+    let registry = Registry::start(RegistryOptions {
+        user: Some(("author".into(), "t0ken-pass".into())),
+        token: true,
+        ..Default::default()
+    })
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = plugin_file(dir.path(), "kvcluster").display().to_string();
+    let config = dir.path().join("config.json");
+    std::fs::write(
+        &config,
+        serde_json::json!({ "auths": { registry.addr(): {
+            "auth": base64_encode("author:t0ken-pass") } } })
+        .to_string(),
+    )
+    .unwrap();
+    let cfg = config.display().to_string();
+    let reference = format!("{}/author/kvcluster:1.0", registry.addr());
+
+    // Without credentials the token service refuses, and the host names it.
+    let stderr = host_fails(dir.path(), &["push", &file, &reference]);
+    assert!(
+        stderr.contains("refused access") && stderr.contains("token service"),
+        "{stderr}"
+    );
+    // With them: pushed and pulled back byte for byte, on tokens.
+    let pinned = host_ok(
+        dir.path(),
+        &["push", "--registry-config", &cfg, &file, &reference],
+    );
+    let out = dir.path().join("pulled.wasm").display().to_string();
+    host_ok(
+        dir.path(),
+        &["pull", "--registry-config", &cfg, pinned.trim(), "-o", &out],
+    );
+    assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&file).unwrap());
+    let logs = registry.token_server_logs();
+    assert!(
+        logs.contains("authorized client"),
+        "the token server granted no token:\n{logs}"
+    );
+    // A repository the token does not cover: refused, saying by whom.
+    let elsewhere = format!("{}/someone-else/kvcluster:1.0", registry.addr());
+    let stderr = host_fails(
+        dir.path(),
+        &["push", "--registry-config", &cfg, &file, &elsewhere],
+    );
+    assert!(stderr.contains("refused access"), "{stderr}");
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! A real OCI registry on loopback (distribution's `registry`, built by `scripts/registry`), for
 //! tests that push and pull plugins: optionally behind a user name and password (htpasswd) and
-//! TLS with a CA of its own.
+//! TLS with a CA of its own, or behind distribution's token server (Bearer tokens, as most public
+//! registries ask for).
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
@@ -24,6 +25,9 @@ pub struct RegistryOptions {
     pub user: Option<(String, String)>,
     /// Serve HTTPS with a certificate from a CA of its own ([`Registry::ca`]).
     pub tls: bool,
+    /// Ask for Bearer tokens from a token server (distribution's `token-server`, which checks
+    /// `user` and grants its holder the repositories under `<user>/`), instead of Basic auth.
+    pub token: bool,
 }
 
 /// A registry running on loopback, stopped and removed when dropped.
@@ -31,6 +35,8 @@ pub struct Registry {
     addr: String,
     dir: tempfile::TempDir,
     child: Option<Child>,
+    /// The token server, with `token`.
+    token_server: Option<Child>,
     options: RegistryOptions,
 }
 
@@ -64,6 +70,47 @@ impl Registry {
             let hash = bcrypt::hash(password, 4)
                 .map_err(|e| Error::Binaries(format!("hashing the test password: {e}")))?;
             write(&dir.path().join("htpasswd"), &format!("{user}:{hash}\n"))?;
+        }
+        let mut token_server = None;
+        if options.token {
+            if options.user.is_none() {
+                return Err(Error::Binaries(
+                    "a token server needs a user (RegistryOptions::user)".into(),
+                ));
+            }
+            let (key, jwks) = token_signing_key()?;
+            write(&dir.path().join("token-key.pem"), &key)?;
+            write(&dir.path().join("jwks.json"), &jwks)?;
+            let token_addr = format!("127.0.0.1:{}", free_port()?);
+            write(
+                &dir.path().join("owner.pid"),
+                &std::process::id().to_string(),
+            )?;
+            token_server = Some(crate::start_watched(
+                &dir.path().join("owner.pid"),
+                &token_server_binary()?,
+                &[
+                    "-addr".to_owned(),
+                    token_addr.clone(),
+                    "-issuer".to_owned(),
+                    TOKEN_ISSUER.to_owned(),
+                    "-key".to_owned(),
+                    path("token-key.pem"),
+                    "-passwd".to_owned(),
+                    path("htpasswd"),
+                    "-realm".to_owned(),
+                    "wasm-operator-test".to_owned(),
+                ],
+                &dir.path().join("token-server.log"),
+            )?);
+            wait_listening(&token_addr, "the token server", || {
+                std::fs::read_to_string(dir.path().join("token-server.log")).unwrap_or_default()
+            })?;
+            config.push_str(&format!(
+                "auth:\n  token:\n    realm: http://{token_addr}/token/\n    service: wasm-operator-test\n    issuer: {TOKEN_ISSUER}\n    jwks: {}\n",
+                path("jwks.json")
+            ));
+        } else if options.user.is_some() {
             config.push_str(&format!(
                 "auth:\n  htpasswd:\n    realm: wasm-operator-test\n    path: {}\n",
                 path("htpasswd")
@@ -85,6 +132,7 @@ impl Registry {
             addr,
             dir,
             child: Some(child?),
+            token_server,
             options,
         };
         registry.wait_ready()?;
@@ -146,6 +194,11 @@ impl Registry {
         }
     }
 
+    /// The token server's log, with [`RegistryOptions::token`].
+    pub fn token_server_logs(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("token-server.log")).unwrap_or_default()
+    }
+
     /// Starts it again on the same address and storage.
     pub fn restart(&mut self) -> Result<()> {
         self.stop();
@@ -164,7 +217,121 @@ impl Registry {
 impl Drop for Registry {
     fn drop(&mut self) {
         self.stop();
+        if let Some(mut child) = self.token_server.take() {
+            crate::stop(&mut child);
+        }
     }
+}
+
+/// The issuer the token server names in its tokens, and the registry expects.
+const TOKEN_ISSUER: &str = "wasm-operator-test-token-server";
+
+/// distribution's token server: beside the registry (`scripts/registry` builds both).
+fn token_server_binary() -> Result<PathBuf> {
+    let registry = registry_binary()?;
+    let binary = registry.with_file_name("token-server");
+    if binary.is_file() {
+        Ok(binary)
+    } else {
+        Err(Error::Binaries(format!(
+            "{} is missing: run scripts/registry (it builds the token server too)",
+            binary.display()
+        )))
+    }
+}
+
+/// Waits until `addr` accepts connections.
+fn wait_listening(addr: &str, what: &str, logs: impl Fn() -> String) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(addr).is_err() {
+        if Instant::now() > deadline {
+            return Err(Error::NotReady(
+                format!("{what} did not listen within 30 s"),
+                logs(),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// The token server's signing key (a P-256 key, PEM, in the SEC 1 form it reads), and the
+/// JSON Web Key Set the registry trusts it by. The token server names its key by libtrust's
+/// key ID, so the key set does too.
+fn token_signing_key() -> Result<(String, String)> {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    let key = KeyPair::generate()?;
+    let pkcs8 = key.serialized_der();
+    // The private scalar: in the PKCS #8 form, the SEC 1 structure's OCTET STRING of 32 bytes
+    // after its version (INTEGER 1).
+    let marker = [0x02, 0x01, 0x01, 0x04, 0x20];
+    let at = pkcs8
+        .windows(marker.len())
+        .position(|w| w == marker)
+        .map(|i| i + marker.len())
+        .filter(|i| i + 32 <= pkcs8.len())
+        .ok_or_else(|| Error::Binaries("the test key is not a P-256 PKCS #8 key".into()))?;
+    let scalar = &pkcs8[at..at + 32];
+    let point = key.public_key_raw();
+    if point.len() != 65 {
+        return Err(Error::Binaries(
+            "the test key's point is not uncompressed P-256".into(),
+        ));
+    }
+    // ECPrivateKey ::= SEQUENCE { version 1, privateKey OCTET STRING, [0] prime256v1, [1] point }
+    let mut sec1 = vec![0x30, 0x77, 0x02, 0x01, 0x01, 0x04, 0x20];
+    sec1.extend_from_slice(scalar);
+    sec1.extend_from_slice(&[
+        0xa0, 0x0a, 0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07, 0xa1, 0x44, 0x03,
+        0x42, 0x00,
+    ]);
+    sec1.extend_from_slice(point);
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&sec1);
+    let mut pem = String::from("-----BEGIN EC PRIVATE KEY-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        pem.push_str(&String::from_utf8_lossy(line));
+        pem.push('\n');
+    }
+    pem.push_str("-----END EC PRIVATE KEY-----\n");
+    // libtrust's key ID: the SHA-256 of the public key (DER), cut to 240 bits, in base32, in
+    // twelve groups of four.
+    let digest = sha2::Sha256::digest(rcgen::PublicKeyData::subject_public_key_info(&key));
+    let id = base32(&digest[..30])
+        .as_bytes()
+        .chunks(4)
+        .map(|c| String::from_utf8_lossy(c).into_owned())
+        .collect::<Vec<_>>()
+        .join(":");
+    let url = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let jwks = serde_json::json!({ "keys": [{
+        "kty": "EC",
+        "crv": "P-256",
+        "x": url.encode(&point[1..33]),
+        "y": url.encode(&point[33..65]),
+        "kid": id,
+        "use": "sig",
+    }]});
+    Ok((pem, jwks.to_string()))
+}
+
+/// RFC 4648 base32, without padding.
+fn base32(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 32] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+    let mut out = String::new();
+    let (mut buffer, mut bits) = (0u32, 0u32);
+    for b in bytes {
+        buffer = (buffer << 8) | u32::from(*b);
+        bits += 8;
+        while bits >= 5 {
+            bits -= 5;
+            out.push(char::from(ALPHABET[((buffer >> bits) & 31) as usize]));
+        }
+    }
+    if bits > 0 {
+        out.push(char::from(ALPHABET[((buffer << (5 - bits)) & 31) as usize]));
+    }
+    out
 }
 
 fn write(path: &Path, text: &str) -> Result<()> {
