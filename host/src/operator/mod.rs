@@ -931,7 +931,10 @@ impl Controllers {
                     futures::future::ready(())
                 });
             tracing::info!(controller = %watch, %plugin, "controller started");
-            lock(&self.running).push(tokio::spawn(run));
+            let mut running = lock(&self.running);
+            // Controllers of Kinds stopped since (a plugin upgraded or removed) are let go.
+            running.retain(|c| !c.is_finished());
+            running.push(tokio::spawn(run));
             listed.push((watch, done));
         }
         listed

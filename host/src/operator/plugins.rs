@@ -383,6 +383,9 @@ impl Standby {
     }
 }
 
+/// What preparing the plugin of a Plugin (by name, for a generation) came to.
+type Outcome = (String, i64, Box<Result<Prepared, Refusal>>);
+
 /// The state of live loading: the plugins given at start, and those loaded since.
 struct Loader {
     shared: Arc<Shared>,
@@ -400,6 +403,10 @@ struct Loader {
     attempted: BTreeMap<String, (i64, bool)>,
     /// What this replica made ready while it stood by, taken as each Plugin is first synced.
     prefetched: BTreeMap<String, Prepared>,
+    /// The Plugins whose plugin is being prepared, by the generation it is for.
+    preparing: BTreeMap<String, (i64, tokio::task::JoinHandle<()>)>,
+    /// Where what was prepared comes back.
+    done: mpsc::UnboundedSender<Outcome>,
     /// The Plugins with a retry on its way.
     pending: std::collections::BTreeSet<String>,
     retry: mpsc::UnboundedSender<String>,
@@ -424,6 +431,7 @@ pub(crate) fn serve(
         .inspect(move |event| watch_health(&health, "plugins.wasm-operator.dev", event))
         .default_backoff();
     let (retry, retries) = mpsc::unbounded();
+    let (finished, prepared) = mpsc::unbounded();
     let mut loader = Loader {
         base: shared.registry(),
         shared,
@@ -434,6 +442,8 @@ pub(crate) fn serve(
         failures: BTreeMap::new(),
         attempted: BTreeMap::new(),
         prefetched,
+        preparing: BTreeMap::new(),
+        done: finished,
         pending: std::collections::BTreeSet::new(),
         retry,
     };
@@ -441,49 +451,36 @@ pub(crate) fn serve(
         enum Item {
             Event(Box<Result<watcher::Event<DynamicObject>, watcher::Error>>),
             Retry(String),
+            Prepared(String, i64, Box<Result<Prepared, Refusal>>),
         }
         let events = Box::pin(events.map(|e| Item::Event(Box::new(e))));
         let retries = retries.map(Item::Retry);
-        let mut items = futures::stream::select(events, retries);
-        // The first list is loaded whole before the operator says it has synced: a replica
-        // that becomes leader serves every Plugin before it reports ready.
+        let prepared =
+            prepared.map(|(name, generation, result)| Item::Prepared(name, generation, result));
+        let mut items = futures::stream::select(events, futures::stream::select(retries, prepared));
+        // The first list is loaded whole (each Plugin served or refused) before the operator
+        // says it has synced: a replica that becomes leader serves every Plugin before it
+        // reports ready.
         let mut first_list = Some(first_list);
+        let mut listed = false;
         while let Some(item) = items.next().await {
-            let item = match item {
-                Item::Event(e) => Ok(*e),
-                Item::Retry(name) => Err(name),
-            };
             match item {
-                Ok(Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o))) => {
-                    loader.sync(&o, false).await;
+                Item::Prepared(name, generation, result) => {
+                    loader.prepared(&store, &name, generation, *result).await;
                 }
-                Ok(Ok(watcher::Event::Delete(o))) => loader.remove(&o.name_any()),
-                Ok(Ok(watcher::Event::InitDone)) => {
-                    // After a relist, what is loaded but no longer listed was deleted meanwhile.
-                    let gone: Vec<String> = loader
-                        .loaded
-                        .keys()
-                        .filter(|name| {
-                            store
-                                .get(&reflector::ObjectRef::new_with(name, api_resource()))
-                                .is_none()
-                        })
-                        .cloned()
-                        .collect();
-                    for name in gone {
-                        loader.remove(&name);
-                    }
-                    if let Some(first) = first_list.take() {
-                        first.done();
-                    }
-                }
-                Ok(Ok(watcher::Event::Init) | Err(_)) => {}
-                Err(name) => {
+                Item::Event(e) => loader.event(&store, *e, &mut listed).await,
+                Item::Retry(name) => {
                     loader.pending.remove(&name);
                     if let Some(o) = current(&store, &name) {
                         loader.sync(&o, true).await;
                     }
                 }
+            }
+            if listed
+                && loader.preparing.is_empty()
+                && let Some(first) = first_list.take()
+            {
+                first.done();
             }
         }
     });
@@ -500,8 +497,39 @@ fn current(store: &Store<DynamicObject>, name: &str) -> Option<Arc<DynamicObject
 }
 
 impl Loader {
+    /// Acts on an event of the watch of `Plugin`s; `listed` turns true once a list is done.
+    async fn event(
+        &mut self,
+        store: &Store<DynamicObject>,
+        event: Result<watcher::Event<DynamicObject>, watcher::Error>,
+        listed: &mut bool,
+    ) {
+        match event {
+            Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
+                self.sync(&o, false).await;
+            }
+            Ok(watcher::Event::Delete(o)) => self.remove(&o.name_any()),
+            Ok(watcher::Event::InitDone) => {
+                // After a relist, what is loaded but no longer listed was deleted meanwhile.
+                let gone: Vec<String> = self
+                    .loaded
+                    .keys()
+                    .filter(|name| current(store, name).is_none())
+                    .cloned()
+                    .collect();
+                for name in gone {
+                    self.remove(&name);
+                }
+                *listed = true;
+            }
+            Ok(watcher::Event::Init) | Err(_) => {}
+        }
+    }
+
     /// Serves what the Plugin `o` asks for, or says in its status why not; `again` when it is
-    /// a retry (else a generation already acted on is left alone).
+    /// a retry (else a generation already acted on is left alone). What takes long (pulling,
+    /// compiling, checking) runs on its own, for each Plugin at once: a slow registry holds
+    /// back only the Plugins it serves; the rest comes back as [`Loader::prepared`].
     async fn sync(&mut self, o: &DynamicObject, again: bool) {
         let name = o.name_any();
         let generation = o.metadata.generation.unwrap_or(0);
@@ -513,7 +541,86 @@ impl Loader {
         {
             return;
         }
-        match self.load(&name, o).await {
+        let spec = o.data.get("spec").cloned().unwrap_or(Value::Null);
+        let (reference, limits) = match wanted(&self.live, &spec) {
+            Ok(w) => w,
+            Err(refusal) => return self.settle(o, Err(refusal)).await,
+        };
+        if let Some(l) = self.loaded.get(&name)
+            && l.reference.digest == reference.digest
+            && l.limits == limits
+        {
+            return self.settle(o, Ok(false)).await;
+        }
+        // What a standby made ready while it waited for the Lease, if it is what is asked.
+        if let Some(p) = self.prefetched.remove(&name)
+            && p.reference.digest == reference.digest
+            && p.limits == limits
+        {
+            tracing::info!(plugin = %name, image = %p.reference, "loaded while standing by");
+            let result = self.serve_prepared(&name, p).await;
+            return self.settle(o, result).await;
+        }
+        // A newer generation replaces what an older one was preparing.
+        if let Some((g, task)) = self.preparing.get(&name)
+            && *g == generation
+            && !task.is_finished()
+        {
+            return;
+        }
+        let (live, ctx, done) = (
+            self.live.clone(),
+            self.base.context().clone(),
+            self.done.clone(),
+        );
+        let task = {
+            let name = name.clone();
+            tokio::spawn(async move {
+                let result = prepare(&live, &ctx, &name, reference, limits).await;
+                let _ = done.unbounded_send((name, generation, Box::new(result)));
+            })
+        };
+        if let Some((_, old)) = self.preparing.insert(name, (generation, task)) {
+            old.abort();
+        }
+    }
+
+    /// Goes on with a Plugin whose plugin was prepared (or could not be), if it still asks
+    /// for what was prepared.
+    async fn prepared(
+        &mut self,
+        store: &Store<DynamicObject>,
+        name: &str,
+        generation: i64,
+        result: Result<Prepared, Refusal>,
+    ) {
+        if self
+            .preparing
+            .get(name)
+            .is_some_and(|(g, _)| *g == generation)
+        {
+            self.preparing.remove(name);
+        } else {
+            return;
+        }
+        let Some(o) = current(store, name) else {
+            return;
+        };
+        if o.metadata.generation.unwrap_or(0) != generation {
+            return;
+        }
+        let result = match result {
+            Ok(p) => self.serve_prepared(name, p).await,
+            Err(refusal) => Err(refusal),
+        };
+        self.settle(&o, result).await;
+    }
+
+    /// Records how serving the Plugin `o` went, in its status, and when to try again.
+    async fn settle(&mut self, o: &DynamicObject, result: Result<bool, Refusal>) {
+        let name = o.name_any();
+        let generation = o.metadata.generation.unwrap_or(0);
+        match result {
             Ok(changed) => {
                 self.failures.remove(&name);
                 self.attempted.insert(name.clone(), (generation, true));
@@ -584,25 +691,10 @@ impl Loader {
         });
     }
 
-    /// Loads the plugin `o` names unless it is served already; returns whether anything
-    /// changed.
-    async fn load(&mut self, name: &str, o: &DynamicObject) -> Result<bool, Refusal> {
-        let spec = o.data.get("spec").cloned().unwrap_or(Value::Null);
-        let (reference, limits) = wanted(&self.live, &spec)?;
-        if let Some(l) = self.loaded.get(name)
-            && l.reference.digest == reference.digest
-            && l.limits == limits
-        {
-            return Ok(false);
-        }
-        // What a standby made ready while it waited for the Lease, if it is what is asked.
-        let prepared = match self.prefetched.remove(name) {
-            Some(p) if p.reference.digest == reference.digest && p.limits == limits => {
-                tracing::info!(plugin = %name, image = %p.reference, "loaded while standing by");
-                p
-            }
-            _ => prepare(&self.live, self.base.context(), name, reference, limits).await?,
-        };
+    /// Serves a plugin prepared for the Plugin `name`, once the cluster allows it: checked
+    /// against the other plugins' Kinds and the operator's rights, its CRDs installed, its
+    /// children watched; then swapped in. Returns whether anything changed.
+    async fn serve_prepared(&mut self, name: &str, prepared: Prepared) -> Result<bool, Refusal> {
         let Prepared {
             reference,
             limits,
@@ -935,6 +1027,9 @@ impl Loader {
     /// Stops serving the Plugin `name` (deleted): its controllers stop; its CRDs and resources
     /// stay.
     fn remove(&mut self, name: &str) {
+        if let Some((_, task)) = self.preparing.remove(name) {
+            task.abort();
+        }
         self.failures.remove(name);
         self.attempted.remove(name);
         let Some(gone) = self.loaded.remove(name) else {

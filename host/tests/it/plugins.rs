@@ -246,9 +246,26 @@ async fn a_plugin_resource_is_served_upgraded_kept_on_a_bad_version_and_dropped_
     let settings = settings_for(&runtime, store.path());
     let operator = LiveOperator::start(cp.client().await.unwrap(), base, settings);
 
+    // A Plugin whose registry takes connections and never answers (a listener nobody accepts
+    // from): it holds back nothing but itself.
+    let black_hole = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let stuck = format!(
+        "oci://{}/plugins/stuck@sha256:{}",
+        black_hole.local_addr().unwrap(),
+        "0".repeat(64)
+    );
+    apply_cluster(&cp, &plugin("stuck", &stuck));
+
     // A Plugin: its CRD installed, its Kind served.
     apply_cluster(&cp, &plugin("hostile", &v1));
     wait_for(&cp, "Ready", "plugins.wasm-operator.dev/hostile");
+    assert_eq!(
+        ready(&plugin_status(&cp, "stuck")).0,
+        "",
+        "the Plugin on the silent registry was settled first (its pull has a 30 s deadline)"
+    );
+    kubectl_ok(&cp, &["delete", "plugins.wasm-operator.dev", "stuck"]);
+    drop(black_hole);
     let status = plugin_status(&cp, "hostile");
     assert_eq!(status["digest"], v1.rsplit_once('@').unwrap().1, "{status}");
     assert_eq!(
