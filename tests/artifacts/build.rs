@@ -27,7 +27,11 @@ const SECOND_MEMORY: &str = "(module (memory 640))";
 /// [`SECOND_MEMORY`], appended with an instantiation that nothing uses (the host instantiates it
 /// all the same, memory included).
 fn several_memories(root: &Path) -> PathBuf {
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("several-memories.wat");
+    // Read when the script runs, not when it was compiled: a build script compiled for a clone
+    // elsewhere may be reused from a shared target directory.
+    let manifest_dir =
+        std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
+    let source = Path::new(&manifest_dir).join("several-memories.wat");
     println!("cargo:rerun-if-changed={}", source.display());
     let mut module = wat::parse_file(&source).expect("several-memories.wat parses");
 
