@@ -77,6 +77,9 @@ pub struct Report {
     pub children: Vec<String>,
     /// Every check, in order.
     pub findings: Vec<Finding>,
+    /// What the examples' renders warned of (contract 1.1): `FILE: field: message`. Warnings
+    /// do not fail the check.
+    pub warnings: Vec<String>,
     /// True when no check failed.
     pub passed: bool,
 }
@@ -91,6 +94,7 @@ impl Report {
             kinds: Vec::new(),
             children: Vec::new(),
             findings: Vec::new(),
+            warnings: Vec::new(),
             passed: true,
         }
     }
@@ -145,6 +149,9 @@ impl Report {
                 out.push_str(&format!("                {line}\n"));
             }
         }
+        for w in &self.warnings {
+            out.push_str(&format!("WARN  {:<9} {w}\n", "render"));
+        }
         let failed = self
             .findings
             .iter()
@@ -182,8 +189,13 @@ pub fn check(
                 "contract",
                 Outcome::Pass,
                 format!(
-                    "exports wasm-operator:plugin/reconciler@{}",
-                    report.contract.as_deref().unwrap_or("?")
+                    "exports wasm-operator:plugin/reconciler@{}{}",
+                    report.contract.as_deref().unwrap_or("?"),
+                    if plugin.reports() {
+                        " and reporting (warnings and status, contract 1.1)"
+                    } else {
+                        ""
+                    }
                 ),
             );
             report.add(
@@ -313,8 +325,20 @@ pub fn check(
     let mut rendered = Vec::new();
     let mut failed = Vec::new();
     for example in examples {
-        match registry.render(&example.resource) {
-            Ok(_) => rendered.push(example),
+        match registry.render_reported(&example.resource) {
+            Ok((_, warnings)) => {
+                report
+                    .warnings
+                    .extend(warnings.iter().map(|w| format!("{}: {w}", example.source)));
+                // A 1.1 plugin's status, from no children yet (what a resource just created
+                // shows): only the fields its schema declares.
+                match plugin.status(&example.resource, &[], ctx) {
+                    Ok(_) => rendered.push(example),
+                    Err(e) => {
+                        failed.push(format!("{}: status: {}: {e}", example.source, e.reason()))
+                    }
+                }
+            }
             Err(e) => failed.push(format!("{}: {}: {e}", example.source, e.reason())),
         }
     }

@@ -611,8 +611,14 @@ fn render(args: &RenderArgs) -> Result<ExitCode, Error> {
             };
             match documents::resource(&doc.value) {
                 Err(e) => failures.push(format!("{}: {e}", label(None))),
-                Ok(resource) => match registry.render(&resource) {
-                    Ok(rendered) => objects.extend(rendered),
+                Ok(resource) => match registry.render_reported(&resource) {
+                    Ok((rendered, warnings)) => {
+                        // What the plugin left out goes to stderr; the rest renders.
+                        for w in &warnings {
+                            eprintln!("warning: {}: {w}", label(Some(&resource)));
+                        }
+                        objects.extend(rendered);
+                    }
                     Err(e) => failures.push(format!("{}: {e}", label(Some(&resource)))),
                 },
             }

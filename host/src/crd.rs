@@ -147,6 +147,15 @@ pub fn inline_refs(v: &mut Value) -> std::result::Result<(), String> {
     }
 }
 
+/// The fields of `status` the host owns: a plugin's status schema may not name them.
+pub const HOST_STATUS_FIELDS: &[&str] = &[
+    "observedGeneration",
+    "conditions",
+    "children",
+    "skipped",
+    "plugin",
+];
+
 /// The schema of `status`, which the host writes.
 pub fn status_schema() -> Value {
     let mut condition =
@@ -159,7 +168,7 @@ pub fn status_schema() -> Value {
             "observedGeneration": { "type": "integer", "format": "int64", "description": "The generation the status describes." },
             "conditions": {
                 "type": "array",
-                "description": "Ready, Reconciling and Stalled, in the kstatus convention.",
+                "description": "Ready, Reconciling and Stalled, in the kstatus convention; Warning when the plugin left something out.",
                 "items": condition,
                 "x-kubernetes-list-type": "map",
                 "x-kubernetes-list-map-keys": ["type"],
@@ -258,6 +267,23 @@ pub fn crd(plugin: &Plugin, kind: &KindInfo) -> Result<Value> {
     });
     if spec_required {
         root["required"] = json!(["spec"]);
+    }
+    // The fields the plugin computes (contract 1.1) beside the host's own.
+    if let Some(schema) = &kind.status_schema {
+        let mut schema = schema.clone();
+        inline_refs(&mut schema).map_err(|reference| Error::UnknownSchemaRef {
+            plugin: plugin.name().to_owned(),
+            kind: kind.kind.clone(),
+            reference,
+        })?;
+        if let (Some(theirs), Some(ours)) = (
+            schema.get("properties").and_then(Value::as_object),
+            root["properties"]["status"]["properties"].as_object_mut(),
+        ) {
+            for (name, field) in theirs {
+                ours.entry(name.clone()).or_insert_with(|| field.clone());
+            }
+        }
     }
     let columns: Vec<Value> = printer_columns(kind)
         .iter()
@@ -510,6 +536,7 @@ mod tests {
             engine: None,
             spec_schema: json!({ "type": "object" }),
             printer_columns: vec![],
+            status_schema: None,
         };
         let names = |kind: &KindInfo| -> Vec<String> {
             printer_columns(kind).into_iter().map(|c| c.name).collect()

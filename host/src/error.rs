@@ -86,6 +86,9 @@ pub enum PluginError {
     /// `describe` returned something unusable.
     #[error("described itself wrongly: {0}")]
     BadDescription(String),
+    /// `status` returned something unusable.
+    #[error("returned a status the host cannot use: {0}")]
+    BadStatus(String),
     /// A returned object failed the host's checks.
     #[error("{0}")]
     Guard(String),
@@ -104,7 +107,8 @@ impl PluginError {
             | Self::OutputTooLarge { .. }
             | Self::TooManyManifests { .. }
             | Self::BadManifest { .. }
-            | Self::BadDescription(_) => "PluginMisbehaved",
+            | Self::BadDescription(_)
+            | Self::BadStatus(_) => "PluginMisbehaved",
             Self::Guard(_) => "ChildRefused",
         }
     }
@@ -126,6 +130,7 @@ impl PluginError {
             | Self::TooManyManifests { .. }
             | Self::BadManifest { .. }
             | Self::BadDescription(_)
+            | Self::BadStatus(_)
             | Self::Guard(_) => false,
         }
     }
@@ -280,6 +285,7 @@ mod tests {
                 false,
             ),
             (PluginError::BadDescription(s()), "PluginMisbehaved", false),
+            (PluginError::BadStatus(s()), "PluginMisbehaved", false),
             (PluginError::Guard(s()), "ChildRefused", false),
         ]
     }

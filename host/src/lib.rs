@@ -30,7 +30,10 @@ pub mod schema;
 
 /// The plain types shared with guests (`guest-kit`).
 pub mod types {
-    pub use guest_kit::{Context, GroupVersionKind, KindInfo, PluginInfo, PrinterColumn, Resource};
+    pub use guest_kit::{
+        Context, GroupVersionKind, KindInfo, ObservedChild, PluginInfo, PrinterColumn, Resource,
+        Warning,
+    };
 }
 
 pub use error::{Error, PluginError, Result};

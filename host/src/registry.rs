@@ -10,7 +10,7 @@ use serde_json::Value;
 use crate::error::{Error, MAX_ERROR_MESSAGE, PluginError, Result, bounded};
 use crate::plugin::{BUILTINS, Plugin, Runtime};
 use crate::schema::{SpecError, UnknownFields};
-use crate::types::{Context, KindInfo, PluginInfo, Resource};
+use crate::types::{Context, KindInfo, PluginInfo, Resource, Warning};
 
 /// Kinds that are not namespaced: a plugin may neither declare nor return them.
 const CLUSTER_SCOPED: [(&str, &str); 23] = [
@@ -323,6 +323,15 @@ impl Registry {
     /// Checks a resource's spec against its Kind's schema (fields it does not know refused, as
     /// for a file), renders it through its plugin and checks every object it returns.
     pub fn render(&self, resource: &Resource) -> Result<Vec<Value>, RenderError> {
+        Ok(self.render_reported(resource)?.0)
+    }
+
+    /// As [`Registry::render`], with the plugin's warnings (contract 1.1; none from a 1.0
+    /// plugin).
+    pub fn render_reported(
+        &self,
+        resource: &Resource,
+    ) -> Result<(Vec<Value>, Vec<Warning>), RenderError> {
         self.render_checked(resource, UnknownFields::Refuse)
     }
 
@@ -333,7 +342,7 @@ impl Registry {
         &self,
         resource: &Resource,
         unknown: UnknownFields,
-    ) -> Result<Vec<Value>, RenderError> {
+    ) -> Result<(Vec<Value>, Vec<Warning>), RenderError> {
         let (plugin, info) = self.lookup(&resource.api_version, &resource.kind)?;
         if let Some(Some(schema)) = self.schemas.get(&(info.group.clone(), info.kind.clone())) {
             crate::schema::check(schema, &resource.spec, "spec", unknown)
@@ -343,8 +352,11 @@ impl Registry {
             plugin: plugin.name().to_owned(),
             error,
         };
-        let objects = plugin.render(resource, &self.ctx).map_err(fail)?;
-        check_objects(plugin.info(), resource, objects).map_err(fail)
+        let (objects, warnings) = plugin.render_reported(resource, &self.ctx).map_err(fail)?;
+        Ok((
+            check_objects(plugin.info(), resource, objects).map_err(fail)?,
+            warnings,
+        ))
     }
 }
 

@@ -7,9 +7,10 @@
 use std::path::{Path, PathBuf};
 
 fn main() {
-    let wasm = guest_build::build(&["guest-hostile", "guest-incompatible"]);
+    let wasm = guest_build::build(&["guest-hostile", "guest-incompatible", "guest-contract-1-0"]);
     println!("cargo:rustc-env=HOSTILE_WASM={}", wasm[0].display());
     println!("cargo:rustc-env=INCOMPATIBLE_WASM={}", wasm[1].display());
+    println!("cargo:rustc-env=CONTRACT_1_0_WASM={}", wasm[2].display());
     let next = guest_build::build_variant(&["guest-hostile"], &["next-version"], "next");
     println!("cargo:rustc-env=HOSTILE_NEXT_WASM={}", next[0].display());
     let several = several_memories(&guest_build::workspace_root());
@@ -36,7 +37,11 @@ fn several_memories(root: &Path) -> PathBuf {
     let mut module = wat::parse_file(&source).expect("several-memories.wat parses");
 
     let mut resolve = wit_parser::Resolve::default();
-    let (package, _) = resolve.push_path(root.join("wit")).expect("wit/ parses");
+    // Contract 1.0 (the frozen WIT of the 1.0 test guest): its world is what the module's
+    // exports are made for, and a 1.1 host loads it as it loads every 1.0 plugin.
+    let (package, _) = resolve
+        .push_path(root.join("tests/guests/contract-1-0/wit"))
+        .expect("the contract 1.0 WIT parses");
     let world = resolve
         .select_world(&[package], Some("plugin"))
         .expect("wit/ has the plugin world");

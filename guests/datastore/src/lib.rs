@@ -11,7 +11,8 @@ use guest_kit::render::{self, PortSpec, Workload};
 use guest_kit::schema;
 use guest_kit::spec;
 use guest_kit::{
-    Context, GroupVersionKind, KindInfo, Plugin, PluginInfo, RenderError, Resource, Result,
+    Context, GroupVersionKind, KindInfo, ObservedChild, Plugin, PluginInfo, RenderError, Rendered,
+    Resource, Result, Warning,
 };
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
@@ -186,7 +187,13 @@ impl Plugin for DatastorePlugin {
         PluginInfo {
             name: "datastore".into(),
             version: env!("CARGO_PKG_VERSION").into(),
-            kinds: KindInfo::table(&ctx.api_group, &KINDS, &spec_schema(), &printer_columns()),
+            kinds: KindInfo::table(&ctx.api_group, &KINDS, &spec_schema(), &printer_columns())
+                .into_iter()
+                .map(|k| KindInfo {
+                    status_schema: Some(status_schema()),
+                    ..k
+                })
+                .collect(),
             children,
         }
     }
@@ -194,6 +201,78 @@ impl Plugin for DatastorePlugin {
     fn render(resource: &Resource, ctx: &Context) -> Result<Vec<Value>> {
         render_datastore(resource, ctx)
     }
+
+    fn render_reported(resource: &Resource, ctx: &Context) -> Result<Rendered> {
+        render_datastore_reported(resource, ctx)
+    }
+
+    fn status(
+        resource: &Resource,
+        children: &[ObservedChild],
+        ctx: &Context,
+    ) -> Result<Map<String, Value>> {
+        Ok(datastore_status(resource, children, ctx))
+    }
+}
+
+/// The status fields a Datastore reports (contract 1.1): how clients reach it, where its
+/// credentials are, and how many replicas are ready.
+fn status_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "endpoint": schema::string("host:port of the client Service, in the cluster's DNS"),
+            "credentialsSecret": schema::string("The Secret holding the credentials clients log in with (spec.credentialsSecret), when there is one"),
+            "readyReplicas": schema::integer("Replicas of the StatefulSet that are ready"),
+            "replicas": schema::integer("Replicas the StatefulSet asks for"),
+        },
+    })
+}
+
+/// The status fields of a Datastore-shaped resource: its client endpoint and credentials Secret
+/// (from its spec, as rendered), and its StatefulSet's replicas as the host observes them.
+pub fn datastore_status(
+    resource: &Resource,
+    children: &[ObservedChild],
+    ctx: &Context,
+) -> Map<String, Value> {
+    let mut fields = Map::new();
+    let engine = spec::parse::<DatastoreOnly>(&resource.spec)
+        .ok()
+        .and_then(|own| {
+            let engine = resolve_engine(resource, own.type_.as_deref()).ok()?;
+            Some((own, engine))
+        });
+    if let Some((own, engine)) = engine {
+        let port = Workload::parse(resource)
+            .ok()
+            .and_then(|w| w.ports.filter(|p| !p.is_empty()))
+            .and_then(|p| p.first().map(PortSpec::service_port))
+            .or_else(|| engine.ports.first().map(|(_, p)| *p));
+        if let Some(port) = port {
+            fields.insert(
+                "endpoint".into(),
+                format!(
+                    "{}.{}.svc.{}:{port}",
+                    resource.name, resource.namespace, ctx.cluster_domain
+                )
+                .into(),
+            );
+        }
+        if let Some(secret) = own.credentials_secret {
+            fields.insert("credentialsSecret".into(), secret.into());
+        }
+    }
+    if let Some(sts) = children
+        .iter()
+        .find(|c| c.kind == "StatefulSet" && c.name == resource.name)
+    {
+        fields.insert("readyReplicas".into(), sts.count("readyReplicas").into());
+        if let Some(replicas) = sts.replicas {
+            fields.insert("replicas".into(), replicas.into());
+        }
+    }
+    fields
 }
 
 fn printer_columns() -> Vec<guest_kit::PrinterColumn> {
@@ -247,8 +326,16 @@ fn resolve_engine(resource: &Resource, type_: Option<&str>) -> Result<&'static E
     }
 }
 
-/// Renders a Datastore-shaped resource.
+/// Renders a Datastore-shaped resource (its warnings dropped; see
+/// [`render_datastore_reported`]).
 pub fn render_datastore(resource: &Resource, ctx: &Context) -> Result<Vec<Value>> {
+    Ok(render_datastore_reported(resource, ctx)?.objects)
+}
+
+/// Renders a Datastore-shaped resource: an optional part whose configuration is incomplete (a
+/// backup without its S3 target) is left out with a warning, and the rest rendered.
+pub fn render_datastore_reported(resource: &Resource, ctx: &Context) -> Result<Rendered> {
+    let mut warnings = Vec::new();
     spec::dns_label("metadata.name", &resource.name)?;
     if resource.name.len() > 60 {
         return Err(RenderError::new(
@@ -332,9 +419,45 @@ pub fn render_datastore(resource: &Resource, ctx: &Context) -> Result<Vec<Value>
         &ports,
     )?);
     if let Some(b) = own.backup.as_ref().filter(|b| b.enabled != Some(false)) {
-        out.push(backup(resource, &w, &own, engine, &ports, &labels, b)?);
+        match missing_for_backup(b, &own) {
+            missing if missing.is_empty() => {
+                out.push(backup(resource, &w, &own, engine, &ports, &labels, b)?);
+            }
+            missing => warnings.push(Warning::new(
+                "spec.backup",
+                format!(
+                    "is enabled but {} {} not set: the backup CronJob {}-backup is left out until {}",
+                    missing.join(", "),
+                    if missing.len() == 1 { "is" } else { "are" },
+                    resource.name,
+                    if missing.len() == 1 { "it is" } else { "they are" },
+                ),
+            )),
+        }
     }
-    Ok(out)
+    Ok(Rendered {
+        objects: out,
+        warnings,
+    })
+}
+
+/// The fields a backup needs that are not set (an incomplete backup is left out, with a
+/// warning; one that is complete and invalid is an error).
+fn missing_for_backup(b: &BackupSpec, own: &DatastoreOnly) -> Vec<&'static str> {
+    [
+        ("spec.backup.schedule", b.schedule.is_none()),
+        ("spec.backup.s3Endpoint", b.s3_endpoint.is_none()),
+        ("spec.backup.s3Bucket", b.s3_bucket.is_none()),
+        (
+            "spec.backup.s3CredentialsSecret",
+            b.s3_credentials_secret.is_none(),
+        ),
+        ("spec.credentialsSecret", own.credentials_secret.is_none()),
+    ]
+    .into_iter()
+    .filter(|(_, missing)| *missing)
+    .map(|(field, _)| field)
+    .collect()
 }
 
 #[allow(

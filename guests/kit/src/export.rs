@@ -20,12 +20,12 @@ pub mod bindings {
 /// Conversions between the WIT records and the crate's plain types.
 pub mod adapter {
     #[cfg(target_family = "wasm")]
-    pub use wasm::{describe, render};
+    pub use wasm::{describe, render, render_reported, status, status_schemas};
 
     #[cfg(target_family = "wasm")]
     mod wasm {
         use super::super::bindings::wasm_operator::plugin::types as wit;
-        use crate::{Context, Plugin, RenderError, WireResource};
+        use crate::{Context, ObservedChild, Plugin, RenderError, WireResource};
 
         fn context(ctx: wit::Context) -> Context {
             Context {
@@ -76,13 +76,9 @@ pub mod adapter {
             }
         }
 
-        /// `render`, for the plugin `P`: [`crate::render_wire`] over the WIT records.
-        pub fn render<P: Plugin>(
-            resource: wit::Resource,
-            ctx: wit::Context,
-        ) -> Result<Vec<String>, wit::RenderError> {
+        fn wire(resource: wit::Resource) -> WireResource {
             let meta = resource.metadata;
-            let resource = WireResource {
+            WireResource {
                 api_version: resource.api_version,
                 kind: resource.kind,
                 name: meta.name,
@@ -92,18 +88,84 @@ pub mod adapter {
                 labels: meta.labels,
                 annotations: meta.annotations,
                 spec: resource.spec,
-            };
-            crate::render_wire::<P>(resource, &context(ctx)).map_err(|e: RenderError| {
-                wit::RenderError {
-                    field: e.field,
-                    message: e.message,
-                }
+            }
+        }
+
+        fn error(e: RenderError) -> wit::RenderError {
+            wit::RenderError {
+                field: e.field,
+                message: e.message,
+            }
+        }
+
+        /// `reconciler.render`, for the plugin `P`: [`crate::render_wire`] over the WIT records.
+        pub fn render<P: Plugin>(
+            resource: wit::Resource,
+            ctx: wit::Context,
+        ) -> Result<Vec<String>, wit::RenderError> {
+            crate::render_wire::<P>(wire(resource), &context(ctx)).map_err(error)
+        }
+
+        /// `reporting.render`, for the plugin `P`: [`crate::render_wire_reported`].
+        pub fn render_reported<P: Plugin>(
+            resource: wit::Resource,
+            ctx: wit::Context,
+        ) -> Result<wit::Rendered, wit::RenderError> {
+            let (manifests, warnings) =
+                crate::render_wire_reported::<P>(wire(resource), &context(ctx)).map_err(error)?;
+            Ok(wit::Rendered {
+                manifests,
+                warnings: warnings
+                    .into_iter()
+                    .map(|w| wit::Warning {
+                        field: w.field,
+                        message: w.message,
+                    })
+                    .collect(),
             })
+        }
+
+        /// `reporting.status-schemas`, for the plugin `P`: the status schemas its Kinds declare.
+        pub fn status_schemas<P: Plugin>(ctx: wit::Context) -> Vec<wit::StatusSchema> {
+            P::describe(&context(ctx))
+                .kinds
+                .into_iter()
+                .filter_map(|k| {
+                    Some(wit::StatusSchema {
+                        schema: k.status_schema?.to_string(),
+                        group: k.group,
+                        kind: k.kind,
+                    })
+                })
+                .collect()
+        }
+
+        /// `reporting.status`, for the plugin `P`.
+        pub fn status<P: Plugin>(
+            resource: wit::Resource,
+            children: Vec<wit::ObservedChild>,
+            ctx: wit::Context,
+        ) -> Result<String, wit::RenderError> {
+            let resource = wire(resource).parse().map_err(error)?;
+            let children: Vec<ObservedChild> = children
+                .into_iter()
+                .map(|c| ObservedChild {
+                    status: serde_json::from_str(&c.status)
+                        .unwrap_or_else(|_| serde_json::Value::Object(Default::default())),
+                    api_version: c.api_version,
+                    kind: c.kind,
+                    name: c.name,
+                    replicas: c.replicas,
+                })
+                .collect();
+            let fields = P::status(&resource, &children, &context(ctx)).map_err(error)?;
+            Ok(serde_json::Value::Object(fields).to_string())
         }
     }
 }
 
-/// Exports a [`crate::Plugin`] implementation as the component's `reconciler` interface.
+/// Exports a [`crate::Plugin`] implementation as the component's `reconciler` and `reporting`
+/// interfaces (contract 1.1).
 ///
 /// ```ignore
 /// pub struct MyPlugin;
@@ -121,10 +183,31 @@ macro_rules! export_plugin {
         mod __guest_kit_export {
             #[allow(unused_imports, reason = "the plugin type may be named relative to the parent")]
             use super::*;
-            use $crate::__bindings::exports::wasm_operator::plugin::reconciler;
+            use $crate::__bindings::exports::wasm_operator::plugin::{reconciler, reporting};
             use $crate::__bindings::wasm_operator::plugin::types;
 
             struct Component;
+
+            impl reporting::Guest for Component {
+                fn status_schemas(ctx: types::Context) -> Vec<types::StatusSchema> {
+                    $crate::__adapter::status_schemas::<$plugin>(ctx)
+                }
+
+                fn render(
+                    resource: types::Resource,
+                    ctx: types::Context,
+                ) -> Result<types::Rendered, types::RenderError> {
+                    $crate::__adapter::render_reported::<$plugin>(resource, ctx)
+                }
+
+                fn status(
+                    resource: types::Resource,
+                    children: Vec<types::ObservedChild>,
+                    ctx: types::Context,
+                ) -> Result<String, types::RenderError> {
+                    $crate::__adapter::status::<$plugin>(resource, children, ctx)
+                }
+            }
 
             impl reconciler::Guest for Component {
                 fn describe(ctx: types::Context) -> types::PluginInfo {

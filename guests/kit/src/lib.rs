@@ -22,8 +22,9 @@ pub mod spec;
 mod types;
 
 pub use types::{
-    Context, GroupVersionKind, KindInfo, Plugin, PluginInfo, PrinterColumn, RenderError, Resource,
-    Result, WireResource, render_wire,
+    Context, GroupVersionKind, KindInfo, ObservedChild, Plugin, PluginInfo, PrinterColumn,
+    RenderError, Rendered, Resource, Result, Warning, WireResource, render_wire,
+    render_wire_reported,
 };
 
 #[doc(hidden)]

@@ -173,6 +173,69 @@ impl std::error::Error for RenderError {}
 /// The result of rendering.
 pub type Result<T, E = RenderError> = std::result::Result<T, E>;
 
+/// Something a render left out, or did otherwise than the resource asks, while it rendered the
+/// rest (contract 1.1): the host shows it on the resource without making it un-Ready.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Warning {
+    /// The field concerned, as a path from the resource's root; empty when none is.
+    pub field: String,
+    /// What was left out or changed, and what would fix it.
+    pub message: String,
+}
+
+impl Warning {
+    /// A warning about `field`, made fit for a condition and one line as [`RenderError::new`]
+    /// makes errors.
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            field: short_path(&field.into()),
+            message: short_message(&message.into()),
+        }
+    }
+}
+
+impl fmt::Display for Warning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.field.is_empty() {
+            f.write_str(&self.message)
+        } else {
+            write!(f, "{}: {}", self.field, self.message)
+        }
+    }
+}
+
+/// What a render returns with warnings (contract 1.1).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Rendered {
+    /// The objects that should exist.
+    pub objects: Vec<Value>,
+    /// What was left out, and why.
+    pub warnings: Vec<Warning>,
+}
+
+/// A child of the resource as the host observes it in the cluster (contract 1.1).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ObservedChild {
+    /// For example `apps/v1`.
+    pub api_version: String,
+    /// For example `StatefulSet`.
+    pub kind: String,
+    /// `metadata.name`.
+    pub name: String,
+    /// `spec.replicas`, for the kinds that have it.
+    pub replicas: Option<i64>,
+    /// The fields the host keeps of its status (`observedGeneration`, `readyReplicas`,
+    /// `availableReplicas`, `updatedReplicas`): an empty object when it has none.
+    pub status: Value,
+}
+
+impl ObservedChild {
+    /// An integer field of its status; 0 when absent.
+    pub fn count(&self, field: &str) -> i64 {
+        self.status.get(field).and_then(Value::as_i64).unwrap_or(0)
+    }
+}
+
 /// A group/version/kind.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct GroupVersionKind {
@@ -242,6 +305,9 @@ pub struct KindInfo {
     pub spec_schema: Value,
     /// Additional printer columns.
     pub printer_columns: Vec<PrinterColumn>,
+    /// The OpenAPI v3 schema (type `object`, with `properties`) of the status fields the plugin
+    /// computes for this Kind with [`Plugin::status`] (contract 1.1); `None`: none.
+    pub status_schema: Option<Value>,
 }
 
 impl KindInfo {
@@ -267,6 +333,7 @@ impl KindInfo {
                 engine: engine.map(str::to_owned),
                 spec_schema: schema.clone(),
                 printer_columns: columns.to_vec(),
+                status_schema: None,
             })
             .collect()
     }
@@ -292,12 +359,31 @@ pub struct PluginInfo {
     pub children: Vec<GroupVersionKind>,
 }
 
-/// What a guest implements. Both functions must be pure.
+/// What a guest implements. Every function must be pure.
 pub trait Plugin {
     /// Describes the plugin under `ctx` (its Kinds may live in the API group in force).
     fn describe(ctx: &Context) -> PluginInfo;
     /// Renders `resource` into the objects that should exist for it.
     fn render(resource: &Resource, ctx: &Context) -> Result<Vec<Value>>;
+    /// Renders `resource` with warnings (contract 1.1): what the host calls. By default,
+    /// [`Plugin::render`] with none; a plugin that leaves out an optional part it cannot render
+    /// safely overrides this, and has `render` return its objects.
+    fn render_reported(resource: &Resource, ctx: &Context) -> Result<Rendered> {
+        Ok(Rendered {
+            objects: Self::render(resource, ctx)?,
+            warnings: Vec::new(),
+        })
+    }
+    /// The status fields of `resource` (contract 1.1), from its children as the host observes
+    /// them: the fields its Kind's [`KindInfo::status_schema`] declares. By default, none.
+    fn status(
+        resource: &Resource,
+        children: &[ObservedChild],
+        ctx: &Context,
+    ) -> Result<serde_json::Map<String, Value>> {
+        let _ = (resource, children, ctx);
+        Ok(serde_json::Map::new())
+    }
 }
 
 /// A resource as it crosses the component boundary: the WIT `resource` record, with the spec as
@@ -349,22 +435,41 @@ impl WireResource {
 /// the WIT records; calling it natively gives the same bytes, which is what the render benchmark
 /// compares the component against.
 pub fn render_wire<P: Plugin>(resource: WireResource, ctx: &Context) -> Result<Vec<String>> {
-    let spec = serde_json::from_str(&resource.spec)
-        .map_err(|e| RenderError::new("spec", format!("is not valid JSON: {e}")))?;
-    crate::spec::nesting(&spec)?;
-    let resource = Resource {
-        api_version: resource.api_version,
-        kind: resource.kind,
-        name: resource.name,
-        namespace: resource.namespace,
-        uid: resource.uid,
-        generation: resource.generation,
-        labels: resource.labels.into_iter().collect(),
-        annotations: resource.annotations.into_iter().collect(),
-        spec,
-    };
-    let objects = P::render(&resource, ctx)?;
+    let objects = P::render(&resource.parse()?, ctx)?;
     Ok(objects.iter().map(Value::to_string).collect())
+}
+
+/// As [`render_wire`], through [`Plugin::render_reported`]: the `render` export of contract 1.1.
+pub fn render_wire_reported<P: Plugin>(
+    resource: WireResource,
+    ctx: &Context,
+) -> Result<(Vec<String>, Vec<Warning>)> {
+    let rendered = P::render_reported(&resource.parse()?, ctx)?;
+    Ok((
+        rendered.objects.iter().map(Value::to_string).collect(),
+        rendered.warnings,
+    ))
+}
+
+impl WireResource {
+    /// The resource, its spec parsed (and its nesting bounded).
+    pub fn parse(self) -> Result<Resource> {
+        let resource = self;
+        let spec = serde_json::from_str(&resource.spec)
+            .map_err(|e| RenderError::new("spec", format!("is not valid JSON: {e}")))?;
+        crate::spec::nesting(&spec)?;
+        Ok(Resource {
+            api_version: resource.api_version,
+            kind: resource.kind,
+            name: resource.name,
+            namespace: resource.namespace,
+            uid: resource.uid,
+            generation: resource.generation,
+            labels: resource.labels.into_iter().collect(),
+            annotations: resource.annotations.into_iter().collect(),
+            spec,
+        })
+    }
 }
 
 #[cfg(test)]

@@ -12,8 +12,8 @@ use guest_kit::render::{self, MANAGED_BY};
 use guest_kit::schema;
 use guest_kit::spec;
 use guest_kit::{
-    Context, GroupVersionKind, KindInfo, Plugin, PluginInfo, PrinterColumn, RenderError, Resource,
-    Result,
+    Context, GroupVersionKind, KindInfo, ObservedChild, Plugin, PluginInfo, PrinterColumn,
+    RenderError, Resource, Result,
 };
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
@@ -65,6 +65,14 @@ impl Plugin for KvClusterPlugin {
                 engine: None,
                 spec_schema: spec_schema(),
                 printer_columns: columns,
+                status_schema: Some(json!({
+                    "type": "object",
+                    "properties": {
+                        "seedAddress": schema::string("host:port every node joins the Raft group through (replica 0)"),
+                        "readyNodes": schema::integer("Nodes of the StatefulSet that are ready"),
+                        "size": schema::integer("Nodes asked for (spec.size)"),
+                    },
+                })),
             }],
             children: vec![
                 GroupVersionKind::new("apps", "v1", "StatefulSet"),
@@ -76,6 +84,34 @@ impl Plugin for KvClusterPlugin {
     fn render(resource: &Resource, ctx: &Context) -> Result<Vec<Value>> {
         render_kvcluster(resource, ctx)
     }
+
+    fn status(
+        resource: &Resource,
+        children: &[ObservedChild],
+        ctx: &Context,
+    ) -> Result<Map<String, Value>> {
+        let mut fields = Map::new();
+        fields.insert("seedAddress".into(), seed_address(resource, ctx).into());
+        if let Some(size) = resource.spec.get("size").and_then(Value::as_i64) {
+            fields.insert("size".into(), size.into());
+        }
+        let ready = children
+            .iter()
+            .find(|c| c.kind == "StatefulSet" && c.name == resource.name)
+            .map_or(0, |s| s.count("readyReplicas"));
+        fields.insert("readyNodes".into(), ready.into());
+        Ok(fields)
+    }
+}
+
+/// Where every node joins the Raft group: replica 0, through the headless Service.
+fn seed_address(resource: &Resource, ctx: &Context) -> String {
+    format!(
+        "{name}-0.{name}-service.{}.svc.{}:{RAFT_PORT}",
+        resource.namespace,
+        ctx.cluster_domain,
+        name = resource.name
+    )
 }
 
 /// Renders a KVCluster.
@@ -110,10 +146,7 @@ pub fn render_kvcluster(resource: &Resource, ctx: &Context) -> Result<Vec<Value>
     selector.insert("app".into(), name.as_str().into());
     let meta = |n: &str| json!({ "name": n, "namespace": resource.namespace, "labels": labels });
 
-    let seed_addr = format!(
-        "{name}-0.{service}.{}.svc.{}:{RAFT_PORT}",
-        resource.namespace, ctx.cluster_domain
-    );
+    let seed_addr = seed_address(resource, ctx);
     let mut container = json!({
         "name": "kv",
         "image": image,

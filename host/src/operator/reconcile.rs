@@ -152,8 +152,8 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
         return Ok(Action::await_change());
     }
     let owner = Owner::of(obj, ctx);
-    let objects = match render(&owner, ctx).await? {
-        Ok(objects) => objects,
+    let (objects, mut warnings) = match render(&owner, ctx).await? {
+        Ok(rendered) => rendered,
         Err(e) => return report_render_failure(obj, ctx, &owner, e),
     };
     let plan = plan(objects, &owner, ctx.shared.as_ref());
@@ -171,7 +171,108 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
     let mut applied = apply(&plan, &owner, &ctx.shared).await?;
     applied.look_again |= moved;
     let pruned = prune(&owner, ctx, &plan.desired).await;
-    report(obj, ctx, &owner, plan, applied, pruned)
+    let current = current_status(ctx, obj);
+    let fields = match plugin_status(&owner, ctx, &applied.children).await {
+        Ok(fields) => fields,
+        Err(e) => {
+            // The fields stay as they were; the resource says why they are not new.
+            warnings.push(crate::types::Warning {
+                field: "status".into(),
+                message: format!("its status fields were not computed: {e}"),
+            });
+            plugin_fields(current.as_ref())
+        }
+    };
+    report(
+        obj,
+        ctx,
+        &owner,
+        plan,
+        applied,
+        pruned,
+        Reported { warnings, fields },
+    )
+}
+
+/// What the plugin said besides its manifests (contract 1.1).
+struct Reported {
+    warnings: Vec<crate::types::Warning>,
+    fields: serde_json::Map<String, Value>,
+}
+
+/// The plugin's own fields of a status (those the host does not own).
+fn plugin_fields(status: Option<&Value>) -> serde_json::Map<String, Value> {
+    status
+        .and_then(Value::as_object)
+        .map(|s| {
+            s.iter()
+                .filter(|(k, _)| !crate::crd::HOST_STATUS_FIELDS.contains(&k.as_str()))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The status fields the plugin computes (contract 1.1) from the resource and its children as
+/// the watches show them now, in a blocking task under the same deadline as a render. None for
+/// a plugin that computes none.
+async fn plugin_status(
+    owner: &Owner,
+    ctx: &KindCtx,
+    children: &[Child],
+) -> Result<serde_json::Map<String, Value>, RenderError> {
+    let shared = &ctx.shared;
+    let registry = shared.registry();
+    let observed: Vec<crate::types::ObservedChild> = children
+        .iter()
+        .filter_map(|c| {
+            let live = shared.live(
+                &kind_key(&c.api_version, &c.kind),
+                &owner.resource.namespace,
+                &c.name,
+            )?;
+            let mut status = serde_json::Map::new();
+            if let Some(counts) = &live.status {
+                for (field, value) in [
+                    ("observedGeneration", counts.observed_generation),
+                    ("readyReplicas", counts.ready_replicas),
+                    ("availableReplicas", counts.available_replicas),
+                    ("updatedReplicas", counts.updated_replicas),
+                ] {
+                    if let Some(v) = value {
+                        status.insert(field.into(), v.into());
+                    }
+                }
+            }
+            Some(crate::types::ObservedChild {
+                api_version: c.api_version.clone(),
+                kind: c.kind.clone(),
+                name: c.name.clone(),
+                replicas: live.replicas(),
+                status: Value::Object(status),
+            })
+        })
+        .collect();
+    let resource = owner.resource.clone();
+    let plugin_name = ctx.plugin().0;
+    let task = tokio::task::spawn_blocking(move || {
+        let (plugin, _) = registry.lookup(&resource.api_version, &resource.kind)?;
+        plugin
+            .status(&resource, &observed, registry.context())
+            .map_err(|error| RenderError::Plugin {
+                plugin: plugin.name().to_owned(),
+                error,
+            })
+    });
+    let failed = |error| RenderError::Plugin {
+        plugin: plugin_name.clone(),
+        error,
+    };
+    match tokio::time::timeout(shared.render_wait, task).await {
+        Ok(Ok(fields)) => fields.map(Option::unwrap_or_default),
+        Ok(Err(joined)) => Err(failed(PluginError::Panic(joined.to_string()))),
+        Err(_) => Err(failed(PluginError::Deadline(shared.render_wait))),
+    }
 }
 
 /// The resource being reconciled, as the phases need it.
@@ -267,7 +368,7 @@ impl Owner {
 async fn render(
     owner: &Owner,
     ctx: &KindCtx,
-) -> Result<Result<Vec<Value>, RenderError>, ReconcileError> {
+) -> Result<Result<(Vec<Value>, Vec<crate::types::Warning>), RenderError>, ReconcileError> {
     let shared = &ctx.shared;
     // The plugins as they are now: a swap meanwhile does not touch this render.
     let registry = shared.registry();
@@ -319,6 +420,7 @@ fn report_render_failure(
     };
     // The children stay as the status last listed them (and their apply records with them):
     // nothing was applied or pruned.
+    let current = current_status(ctx, obj);
     let outcome = Outcome {
         children: owner.last_children.clone(),
         problems: vec![Problem {
@@ -326,9 +428,10 @@ fn report_render_failure(
             message: format!("{e} ({suffix})"),
             retrying,
         }],
+        // The plugin's fields stay as they were.
+        fields: plugin_fields(current.as_ref()),
         ..Outcome::default()
     };
-    let current = current_status(ctx, obj);
     if write_status(obj, ctx, owner, current.as_ref(), &outcome) {
         publish(ctx, obj, EventType::Warning, e.reason(), e.to_string());
     }
@@ -894,6 +997,7 @@ fn report(
     plan: Plan,
     applied: ApplyReport,
     pruned: Pruned,
+    reported: Reported,
 ) -> Result<Action, ReconcileError> {
     if !applied.changed.is_empty() {
         publish(
@@ -958,11 +1062,13 @@ fn report(
         children: applied.children,
         skipped,
         problems,
+        warnings: reported.warnings,
+        fields: reported.fields,
     };
     let current = current_status(ctx, obj);
     if write_status(obj, ctx, owner, current.as_ref(), &outcome) {
-        // Each problem once, when it appears: not again whenever another part of the status
-        // (a child's readiness) changes.
+        // Each problem and warning once, when it appears: not again whenever another part of
+        // the status (a child's readiness) changes.
         let said = ready_message(current.as_ref());
         for p in outcome
             .problems
@@ -970,6 +1076,15 @@ fn report(
             .filter(|p| !said.contains(&p.message))
         {
             publish(ctx, obj, EventType::Warning, &p.reason, p.message.clone());
+        }
+        let warned = condition_message(current.as_ref(), "Warning");
+        for w in outcome
+            .warnings
+            .iter()
+            .map(ToString::to_string)
+            .filter(|w| !warned.contains(w.as_str()))
+        {
+            publish(ctx, obj, EventType::Warning, "PluginWarning", w);
         }
     }
     // What the operator retries by itself: with backoff, as a failed reconciliation.
@@ -1012,9 +1127,14 @@ fn current_status(ctx: &KindCtx, obj: &DynamicObject) -> Option<Value> {
 
 /// The message of the `Ready` condition of `status`.
 fn ready_message(status: Option<&Value>) -> &str {
+    condition_message(status, "Ready")
+}
+
+/// The message of the condition `type_` of `status`.
+fn condition_message<'a>(status: Option<&'a Value>, type_: &str) -> &'a str {
     status
         .and_then(|s| s.get("conditions")?.as_array())
-        .and_then(|conds| conds.iter().find(|c| c["type"] == "Ready"))
+        .and_then(|conds| conds.iter().find(|c| c["type"] == type_))
         .and_then(|c| c.get("message")?.as_str())
         .unwrap_or_default()
 }

@@ -84,6 +84,10 @@ pub(crate) struct Outcome {
     pub skipped: Vec<Skipped>,
     /// What keeps the resource from being Ready, if anything.
     pub problems: Vec<Problem>,
+    /// What the plugin left out, and why (contract 1.1): shown without making it un-Ready.
+    pub warnings: Vec<crate::types::Warning>,
+    /// The status fields the plugin computed (contract 1.1), beside the host's own.
+    pub fields: serde_json::Map<String, Value>,
 }
 
 impl Outcome {
@@ -171,6 +175,8 @@ pub(crate) fn status(
         children,
         skipped,
         problems,
+        warnings,
+        fields,
     } = outcome;
     let stalled = outcome.stalled();
     let (is_ready, reason, message) = if let Some(first) = problems.first() {
@@ -198,6 +204,21 @@ pub(crate) fn status(
         let ready = waiting.is_empty();
         (ready, if ready { "Ready" } else { "Progressing" }, summary)
     };
+    // The first warning shows in the Ready message too, so `kubectl get` shows it.
+    let message = match warnings.first() {
+        Some(first) => format!(
+            "{message}; warning: {first}{}",
+            if warnings.len() > 1 {
+                format!(
+                    " (and {} more, see the Warning condition)",
+                    warnings.len() - 1
+                )
+            } else {
+                String::new()
+            }
+        ),
+        None => message,
+    };
     let message = bounded(&message);
     let cond = |type_: &str, status: bool, reason: &str, message: &str| {
         condition(type_, status, reason, message, generation, previous, &now)
@@ -210,12 +231,24 @@ pub(crate) fn status(
     } else {
         ("Retrying", "the operator retries by itself")
     };
-    let conditions = [
+    let mut conditions = vec![
         cond("Ready", is_ready, reason, &message),
         cond("Reconciling", !is_ready && !stalled, reason, &message),
         cond("Stalled", stalled, stalled_reason, stalled_message),
     ];
-    json!({
+    // Not one of kstatus's abnormal-true conditions: tools show it, and the resource stays
+    // Ready.
+    if !warnings.is_empty() {
+        let all = warnings
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ");
+        conditions.push(cond("Warning", true, "PluginWarning", &bounded(&all)));
+    }
+    // The plugin's fields first: the host's own (which its schema may not name) go over them.
+    let mut status = Value::Object(fields.clone());
+    let host = json!({
         "observedGeneration": generation,
         "conditions": conditions,
         "children": children.iter().map(|c| {
@@ -231,7 +264,11 @@ pub(crate) fn status(
             "apiVersion": s.api_version, "kind": s.kind, "name": s.name, "reason": s.reason,
         })).collect::<Vec<_>>(),
         "plugin": plugin,
-    })
+    });
+    if let (Some(status), Value::Object(host)) = (status.as_object_mut(), host) {
+        status.extend(host);
+    }
+    status
 }
 
 /// Whether `desired` says the same as `current` (the server drops empty lists, so they are

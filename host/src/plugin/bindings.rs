@@ -9,7 +9,125 @@ wasmtime::component::bindgen!({
     additional_derives: [serde::Serialize, serde::Deserialize],
 });
 
+use self::exports::wasm_operator::plugin::{reconciler, reporting};
 use self::wasm_operator::plugin::types as wit;
+use super::sandbox::Sandbox;
+
+/// The interface 1.1 added, as a component names its export (without the version).
+pub(super) const REPORTING: &str = "wasm-operator:plugin/reporting";
+
+/// A component ready to instantiate, with the exports the host calls found: `reconciler`
+/// (every 1.x plugin), and `reporting` when the plugin was built against 1.1 or later.
+pub(super) struct Pre {
+    instance_pre: wasmtime::component::InstancePre<Sandbox>,
+    reconciler: reconciler::GuestIndices,
+    reporting: Option<reporting::GuestIndices>,
+}
+
+/// One instance's exports.
+pub(super) struct Instance {
+    pub reconciler: reconciler::Guest,
+    pub reporting: Option<reporting::Guest>,
+}
+
+impl Pre {
+    /// Finds the exports and checks their types; `reporting` is looked for when `exports`
+    /// (the component's export names) has it, and then must have the contract's types.
+    pub fn new(
+        instance_pre: wasmtime::component::InstancePre<Sandbox>,
+        exports: &[String],
+    ) -> wasmtime::Result<Self> {
+        let reconciler = reconciler::GuestIndices::new(&instance_pre)?;
+        let reporting = if exports.iter().any(|e| e.starts_with(REPORTING)) {
+            Some(reporting::GuestIndices::new(&instance_pre)?)
+        } else {
+            None
+        };
+        Ok(Self {
+            instance_pre,
+            reconciler,
+            reporting,
+        })
+    }
+
+    /// Whether the plugin exports `reporting` (contract 1.1).
+    pub fn reports(&self) -> bool {
+        self.reporting.is_some()
+    }
+
+    pub fn instantiate(&self, store: &mut wasmtime::Store<Sandbox>) -> wasmtime::Result<Instance> {
+        let instance = self.instance_pre.instantiate(&mut *store)?;
+        Ok(Instance {
+            reconciler: self.reconciler.load(&mut *store, &instance)?,
+            reporting: match &self.reporting {
+                Some(r) => Some(r.load(&mut *store, &instance)?),
+                None => None,
+            },
+        })
+    }
+}
+
+/// The warnings of a render, as the host's type.
+pub(super) fn warnings(warnings: Vec<wit::Warning>) -> Vec<crate::types::Warning> {
+    warnings
+        .into_iter()
+        .map(|w| crate::types::Warning {
+            field: w.field,
+            message: w.message,
+        })
+        .collect()
+}
+
+/// A child as the host observes it, as the WIT record.
+pub(super) fn observed_child(c: &crate::types::ObservedChild) -> wit::ObservedChild {
+    wit::ObservedChild {
+        api_version: c.api_version.clone(),
+        kind: c.kind.clone(),
+        name: c.name.clone(),
+        replicas: c.replicas,
+        status: c.status.to_string(),
+    }
+}
+
+/// Status schemas as the host keeps them: by (group, Kind), each checked to be a JSON object
+/// schema of type `object` with `properties`, none of them the host's own.
+pub(super) fn status_schemas(
+    schemas: Vec<wit::StatusSchema>,
+) -> Result<Vec<(String, String, serde_json::Value)>, String> {
+    schemas
+        .into_iter()
+        .map(|s| {
+            let schema: serde_json::Value = serde_json::from_str(&s.schema)
+                .map_err(|e| format!("the status schema of {} is not JSON: {e}", s.kind))?;
+            if schema.get("type").and_then(serde_json::Value::as_str) != Some("object") {
+                return Err(format!(
+                    "the status schema of {} must be of type object",
+                    s.kind
+                ));
+            }
+            let Some(properties) = schema
+                .get("properties")
+                .and_then(serde_json::Value::as_object)
+            else {
+                return Err(format!(
+                    "the status schema of {} must name its fields in properties",
+                    s.kind
+                ));
+            };
+            if let Some(own) = properties
+                .keys()
+                .find(|k| crate::crd::HOST_STATUS_FIELDS.contains(&k.as_str()))
+            {
+                return Err(format!(
+                    "the status schema of {} declares `{own}`, which the host owns ({})",
+                    s.kind,
+                    crate::crd::HOST_STATUS_FIELDS.join(", ")
+                ));
+            }
+            Ok((s.group, s.kind, schema))
+        })
+        .collect()
+}
 
 pub(super) fn context(ctx: &Context) -> wit::Context {
     wit::Context {
@@ -37,8 +155,12 @@ pub(super) fn resource(r: &Resource) -> wit::Resource {
     }
 }
 
-/// Converts and checks what `describe` returned.
-pub(super) fn plugin_info(info: wit::PluginInfo) -> Result<PluginInfo, String> {
+/// Converts and checks what `describe` (and, for a 1.1 plugin, `status-schemas`) returned.
+pub(super) fn plugin_info(
+    info: wit::PluginInfo,
+    status: Vec<wit::StatusSchema>,
+) -> Result<PluginInfo, String> {
+    let mut status = status_schemas(status)?;
     if info.kinds.is_empty() {
         return Err("describe() names no Kinds".into());
     }
@@ -57,7 +179,12 @@ pub(super) fn plugin_info(info: wit::PluginInfo) -> Result<PluginInfo, String> {
                     k.kind, k.plural
                 ));
             }
+            let status_schema = status
+                .iter()
+                .position(|(g, kind, _)| *g == k.group && *kind == k.kind)
+                .map(|i| status.swap_remove(i).2);
             Ok(KindInfo {
+                status_schema,
                 group: k.group,
                 versions: k.versions,
                 kind: k.kind,
@@ -79,6 +206,11 @@ pub(super) fn plugin_info(info: wit::PluginInfo) -> Result<PluginInfo, String> {
             })
         })
         .collect::<Result<Vec<_>, String>>()?;
+    if let Some((group, kind, _)) = status.first() {
+        return Err(format!(
+            "status-schemas names {kind} ({group}), which describe() does not"
+        ));
+    }
     let children = info
         .children
         .into_iter()

@@ -128,7 +128,7 @@ impl Cache {
             .map(|b| format!("{b:02x}"))
             .collect();
         self.dir.join(format!(
-            "{sha256}-host{}-{ctx_hash}.describe.json",
+            "{sha256}-host{}-{ctx_hash}.describe-v2.json",
             env!("CARGO_PKG_VERSION")
         ))
     }

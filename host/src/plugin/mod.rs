@@ -282,7 +282,7 @@ impl Runtime {
                 format!("needs imports this host does not give plugins: {e:#}"),
             )
         })?;
-        let pre = bindings::PluginPre::new(instance_pre).map_err(|e| {
+        let pre = bindings::Pre::new(instance_pre, &anatomy.exports).map_err(|e| {
             fail(
                 Step::Types,
                 format!("does not match the plugin world: {e:#}"),
@@ -307,9 +307,9 @@ impl Runtime {
     /// else by calling it, and caching the answer.
     fn description(&self, inner: &Inner, ctx: &Context) -> std::result::Result<PluginInfo, String> {
         if let Some(cache) = &self.cache
-            && let Some(raw) = cache.load_description(&inner.sha256, ctx)
+            && let Some((raw, status)) = cache.load_description(&inner.sha256, ctx)
         {
-            match bindings::plugin_info(raw) {
+            match bindings::plugin_info(raw, status) {
                 Ok(info) => return Ok(info),
                 Err(e) => {
                     tracing::warn!(plugin = %inner.source, "ignoring a cached description: {e}")
@@ -317,7 +317,7 @@ impl Runtime {
             }
         }
         let raw = inner.describe_raw(ctx).map_err(|e| e.to_string())?;
-        let info = bindings::plugin_info(raw.clone())
+        let info = bindings::plugin_info(raw.0.clone(), raw.1.clone())
             .map_err(|e| PluginError::BadDescription(e).to_string())?;
         if let Some(cache) = &self.cache {
             cache.store_description(&inner.sha256, ctx, &raw);
@@ -387,29 +387,37 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// What `describe` returned, with what `status-schemas` returned (none before 1.1).
+type RawDescription = (
+    bindings::wasm_operator::plugin::types::PluginInfo,
+    Vec<bindings::wasm_operator::plugin::types::StatusSchema>,
+);
+
 struct Inner {
     source: String,
     sha256: String,
-    pre: bindings::PluginPre<sandbox::Sandbox>,
+    pre: bindings::Pre,
     engine: Engine,
     limits: Limits,
     from_cache: bool,
 }
 
 impl Inner {
-    fn describe_raw(
-        &self,
-        ctx: &Context,
-    ) -> std::result::Result<bindings::wasm_operator::plugin::types::PluginInfo, PluginError> {
+    fn describe_raw(&self, ctx: &Context) -> std::result::Result<RawDescription, PluginError> {
         let wit_ctx = bindings::context(ctx);
         sandbox::call(&self.pre, &self.engine, self.limits, |p, store| {
-            p.wasm_operator_plugin_reconciler()
-                .call_describe(store, &wit_ctx)
+            let info = p.reconciler.call_describe(&mut *store, &wit_ctx)?;
+            let status = match &p.reporting {
+                Some(r) => r.call_status_schemas(&mut *store, &wit_ctx)?,
+                None => Vec::new(),
+            };
+            Ok((info, status))
         })
     }
 
     fn describe(&self, ctx: &Context) -> std::result::Result<PluginInfo, PluginError> {
-        bindings::plugin_info(self.describe_raw(ctx)?).map_err(PluginError::BadDescription)
+        let (info, status) = self.describe_raw(ctx)?;
+        bindings::plugin_info(info, status).map_err(PluginError::BadDescription)
     }
 }
 
@@ -470,13 +478,31 @@ impl Plugin {
         self.inner.describe(ctx)
     }
 
-    /// Renders `resource` in a fresh instance; each manifest is parsed as a JSON object.
+    /// Whether the plugin exports `reporting` (contract 1.1): it returns warnings with its
+    /// manifests, and may compute status fields.
+    pub fn reports(&self) -> bool {
+        self.inner.pre.reports()
+    }
+
+    /// Renders `resource` in a fresh instance; each manifest is parsed as a JSON object. Any
+    /// warnings are dropped: [`Plugin::render_reported`] keeps them.
     pub fn render(
         &self,
         resource: &crate::types::Resource,
         ctx: &Context,
     ) -> std::result::Result<Vec<Value>, PluginError> {
         parse_manifests(self.render_text(resource, ctx)?)
+    }
+
+    /// Renders `resource` in a fresh instance: the manifests parsed, and the plugin's warnings
+    /// (none from a 1.0 plugin).
+    pub fn render_reported(
+        &self,
+        resource: &crate::types::Resource,
+        ctx: &Context,
+    ) -> std::result::Result<(Vec<Value>, Vec<crate::types::Warning>), PluginError> {
+        let (texts, warnings) = self.render_raw(resource, ctx)?;
+        Ok((parse_manifests(texts)?, warnings))
     }
 
     /// Renders `resource` in a fresh instance and returns the manifests as the plugin wrote them
@@ -486,14 +512,84 @@ impl Plugin {
         resource: &crate::types::Resource,
         ctx: &Context,
     ) -> std::result::Result<Vec<String>, PluginError> {
+        Ok(self.render_raw(resource, ctx)?.0)
+    }
+
+    /// The manifests' texts and the warnings, through `reporting.render` when the plugin
+    /// exports it, else `reconciler.render`.
+    fn render_raw(
+        &self,
+        resource: &crate::types::Resource,
+        ctx: &Context,
+    ) -> std::result::Result<(Vec<String>, Vec<crate::types::Warning>), PluginError> {
         let wit_ctx = bindings::context(ctx);
         let wit_resource = bindings::resource(resource);
         let limits = self.inner.limits;
         let out = sandbox::call(&self.inner.pre, &self.inner.engine, limits, |p, store| {
-            p.wasm_operator_plugin_reconciler()
-                .call_render(store, &wit_resource, &wit_ctx)
+            Ok(match &p.reporting {
+                Some(r) => r
+                    .call_render(store, &wit_resource, &wit_ctx)?
+                    .map(|r| (r.manifests, r.warnings)),
+                None => p
+                    .reconciler
+                    .call_render(store, &wit_resource, &wit_ctx)?
+                    .map(|m| (m, Vec::new())),
+            })
         })?;
-        capped(out, limits)
+        capped_reported(out, limits)
+    }
+
+    /// The status fields the plugin computes for `resource` from its `children` as observed, in
+    /// a fresh instance: `None` when the plugin computes none (a 1.0 plugin, or a Kind without
+    /// a status schema). Fields its Kind's schema does not declare are refused.
+    pub fn status(
+        &self,
+        resource: &crate::types::Resource,
+        children: &[crate::types::ObservedChild],
+        ctx: &Context,
+    ) -> std::result::Result<Option<serde_json::Map<String, Value>>, PluginError> {
+        let group = resource.api_version.split_once('/').map_or("", |(g, _)| g);
+        let Some(schema) = self
+            .kind(group, &resource.kind)
+            .and_then(|k| k.status_schema.as_ref())
+        else {
+            return Ok(None);
+        };
+        if !self.reports() {
+            return Ok(None);
+        }
+        let wit_ctx = bindings::context(ctx);
+        let wit_resource = bindings::resource(resource);
+        let wit_children: Vec<_> = children.iter().map(bindings::observed_child).collect();
+        let limits = self.inner.limits;
+        let out = sandbox::call(
+            &self.inner.pre,
+            &self.inner.engine,
+            limits,
+            |p, store| match &p.reporting {
+                Some(r) => r.call_status(store, &wit_resource, &wit_children, &wit_ctx),
+                None => Ok(Ok("{}".to_owned())),
+            },
+        )?;
+        let text = capped(out.map(|t| vec![t]), limits)?
+            .pop()
+            .unwrap_or_default();
+        let fields = match serde_json::from_str::<Value>(&text) {
+            Ok(Value::Object(fields)) => fields,
+            Ok(_) => return Err(PluginError::BadStatus("not a JSON object".into())),
+            Err(e) => return Err(PluginError::BadStatus(e.to_string())),
+        };
+        let declared = schema.get("properties").and_then(Value::as_object);
+        if let Some(field) = fields
+            .keys()
+            .find(|k| !declared.is_some_and(|d| d.contains_key(k.as_str())))
+        {
+            return Err(PluginError::BadStatus(format!(
+                "`{field}` is not among the status fields {} declares",
+                resource.kind
+            )));
+        }
+        Ok(Some(fields))
     }
 
     /// One instance kept for several renders, for measuring what isolation costs. A session
@@ -516,7 +612,7 @@ impl Plugin {
 /// A plugin instance reused across renders; see [`Plugin::session`].
 pub struct Session {
     store: wasmtime::Store<sandbox::Sandbox>,
-    bindings: bindings::Plugin,
+    bindings: bindings::Instance,
     stderr: wasmtime_wasi::p2::pipe::MemoryOutputPipe,
     limits: Limits,
 }
@@ -546,13 +642,19 @@ impl Session {
         ctx: &Context,
     ) -> std::result::Result<Vec<String>, PluginError> {
         sandbox::arm_deadline(&mut self.store, self.limits);
-        let out = self.bindings.wasm_operator_plugin_reconciler().call_render(
-            &mut self.store,
-            &bindings::resource(resource),
-            &bindings::context(ctx),
-        );
+        let (resource, ctx) = (bindings::resource(resource), bindings::context(ctx));
+        let out = match &self.bindings.reporting {
+            Some(r) => r
+                .call_render(&mut self.store, &resource, &ctx)
+                .map(|r| r.map(|r| (r.manifests, r.warnings))),
+            None => self
+                .bindings
+                .reconciler
+                .call_render(&mut self.store, &resource, &ctx)
+                .map(|r| r.map(|m| (m, Vec::new()))),
+        };
         let out = sandbox::check(out, &self.store, &self.stderr, self.limits)?;
-        capped(out, self.limits)
+        Ok(capped_reported(out, self.limits)?.0)
     }
 }
 
@@ -589,6 +691,51 @@ fn capped(
         });
     }
     Ok(manifests)
+}
+
+/// The most warnings one render may return.
+pub const MAX_WARNINGS: usize = 20;
+
+/// As [`capped`], for a render with warnings: the warnings count toward the output cap, at
+/// most [`MAX_WARNINGS`] are kept, each cut to what a condition can hold.
+fn capped_reported(
+    out: std::result::Result<
+        (
+            Vec<String>,
+            Vec<bindings::wasm_operator::plugin::types::Warning>,
+        ),
+        bindings::wasm_operator::plugin::types::RenderError,
+    >,
+    limits: Limits,
+) -> std::result::Result<(Vec<String>, Vec<crate::types::Warning>), PluginError> {
+    let (manifests, warnings) = match out {
+        Ok((m, w)) => (Ok(m), w),
+        Err(e) => (Err(e), Vec::new()),
+    };
+    let warning_bytes: usize = warnings
+        .iter()
+        .map(|w| w.field.len().saturating_add(w.message.len()))
+        .sum();
+    let manifests = capped(manifests, limits)?;
+    let total = manifests
+        .iter()
+        .map(String::len)
+        .sum::<usize>()
+        .saturating_add(warning_bytes);
+    if total > limits.output_bytes {
+        return Err(PluginError::OutputTooLarge {
+            bytes: total,
+            limit: limits.output_bytes,
+        });
+    }
+    let warnings = bindings::warnings(warnings.into_iter().take(MAX_WARNINGS).collect())
+        .into_iter()
+        .map(|w| crate::types::Warning {
+            field: bounded(w.field, MAX_ERROR_FIELD),
+            message: bounded(w.message, MAX_ERROR_MESSAGE),
+        })
+        .collect();
+    Ok((manifests, warnings))
 }
 
 /// Parses each manifest text as a JSON object.

@@ -20,7 +20,7 @@ use wasmtime_wasi::{
     WasiView,
 };
 
-use super::bindings::{Plugin as Bindings, PluginPre};
+use super::bindings::{Instance as Bindings, Pre as PluginPre};
 use super::{Limits, TICK};
 use crate::error::{MAX_ERROR_MESSAGE, PluginError, bounded};
 
@@ -217,7 +217,7 @@ pub(crate) fn arm_deadline(store: &mut Store<Sandbox>, limits: Limits) {
 
 /// Runs `f` against a fresh instance of `pre` under `limits`.
 pub(crate) fn call<R>(
-    pre: &PluginPre<Sandbox>,
+    pre: &PluginPre,
     engine: &wasmtime::Engine,
     limits: Limits,
     f: impl FnOnce(&Bindings, &mut Store<Sandbox>) -> wasmtime::Result<R>,

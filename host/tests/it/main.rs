@@ -12,6 +12,7 @@ mod oci;
 mod operator;
 mod plugins;
 mod render;
+mod reporting;
 mod roundtrip;
 mod sandbox;
 mod support;

@@ -12,14 +12,19 @@ use testenv::ControlPlane;
 use crate::judge::cluster;
 
 /// An operator running in this test.
-struct Operator {
+pub(crate) struct Operator {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<Result<(), host::operator::Error>>,
     metrics: SocketAddr,
 }
 
 impl Operator {
-    async fn start(cp: &ControlPlane, namespace: &str, group: &str, extra: &[PathBuf]) -> Self {
+    pub(crate) async fn start(
+        cp: &ControlPlane,
+        namespace: &str,
+        group: &str,
+        extra: &[PathBuf],
+    ) -> Self {
         let client = cp.client().await.unwrap();
         Self::start_with(
             client,
@@ -122,7 +127,7 @@ impl Operator {
         }
     }
 
-    async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
         }
@@ -254,7 +259,7 @@ async fn eventually_or(
     }
 }
 
-fn condition(obj: &Value, type_: &str) -> (String, String, String) {
+pub(crate) fn condition(obj: &Value, type_: &str) -> (String, String, String) {
     let c = obj["status"]["conditions"]
         .as_array()
         .and_then(|cs| cs.iter().find(|c| c["type"] == type_).cloned())

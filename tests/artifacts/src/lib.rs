@@ -5,6 +5,9 @@ pub const HOSTILE: &str = env!("HOSTILE_WASM");
 /// The same plugin, its next version (the `next-version` feature): `ok` renders its ConfigMap
 /// with one more key, for the tests of an upgrade.
 pub const HOSTILE_NEXT: &str = env!("HOSTILE_NEXT_WASM");
+/// A plugin built against contract 1.0, its WIT frozen as published
+/// (`tests/guests/contract-1-0`): what a host that speaks 1.1 must keep serving unchanged.
+pub const CONTRACT_1_0: &str = env!("CONTRACT_1_0_WASM");
 /// A plugin built against a future major version of the contract (`tests/guests/incompatible`).
 pub const INCOMPATIBLE: &str = env!("INCOMPATIBLE_WASM");
 /// A plugin component with two core modules of one 40 MiB memory each, whose `describe` and

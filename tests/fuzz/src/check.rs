@@ -404,6 +404,7 @@ fn resource_render(checker: &Checker, resource: &Resource) -> Result<Option<bool
                 | PluginError::TooManyManifests { .. } => fail("guest-limit"),
                 PluginError::BadManifest { .. }
                 | PluginError::BadDescription(_)
+                | PluginError::BadStatus(_)
                 | PluginError::Guard(_) => fail("guest-refused"),
             }
         }

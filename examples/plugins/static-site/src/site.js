@@ -88,49 +88,88 @@ export const reconciler = {
   },
 
   render(resource, ctx) {
-    const spec = parseSpec(resource);
-    const name = resource.metadata.name;
-    const labels = { "app.kubernetes.io/name": name, "app.kubernetes.io/component": "static-site" };
-    const data = {};
-    for (const file of spec.names) data[file] = spec.files[file];
-    const configMap = {
-      apiVersion: "v1",
-      kind: "ConfigMap",
-      metadata: { name: `${name}-files`, labels },
-      data,
-    };
-    const deployment = {
-      apiVersion: "apps/v1",
-      kind: "Deployment",
-      metadata: { name, labels },
-      spec: {
-        replicas: spec.replicas,
-        selector: { matchLabels: labels },
-        template: {
-          metadata: {
-            labels,
-            annotations: { "sites.example.com/files": fingerprint(JSON.stringify(data)) },
-          },
-          spec: {
-            containers: [
-              {
-                name: "web",
-                image: spec.image,
-                ports: [{ name: "http", containerPort: spec.port }],
-                volumeMounts: [{ name: "files", mountPath: "/usr/share/nginx/html", readOnly: true }],
-              },
-            ],
-            volumes: [{ name: "files", configMap: { name: `${name}-files` } }],
-          },
-        },
-      },
-    };
-    const service = {
-      apiVersion: "v1",
-      kind: "Service",
-      metadata: { name, labels },
-      spec: { selector: labels, ports: [{ name: "http", port: 80, targetPort: "http" }] },
-    };
-    return [configMap, deployment, service].map((o) => JSON.stringify(o));
+    return renderSite(resource).manifests;
   },
 };
+
+// Contract 1.1: warnings with the manifests, and status fields from what the host observes.
+const statusSchema = {
+  type: "object",
+  properties: {
+    url: { type: "string", description: "Where the site answers, in the cluster." },
+    availableReplicas: { type: "integer", description: "Replicas of the Deployment serving it." },
+  },
+};
+
+export const reporting = {
+  statusSchemas(ctx) {
+    return [{ group: GROUP, kind: "StaticSite", schema: JSON.stringify(statusSchema) }];
+  },
+
+  render(resource, ctx) {
+    return renderSite(resource);
+  },
+
+  status(resource, children, ctx) {
+    const name = resource.metadata.name;
+    const fields = {
+      url: `http://${name}.${resource.metadata.namespace}.svc.${ctx.clusterDomain}/`,
+    };
+    const deployment = children.find((c) => c.kind === "Deployment" && c.name === name);
+    if (deployment) {
+      fields.availableReplicas = JSON.parse(deployment.status).availableReplicas ?? 0;
+    }
+    return JSON.stringify(fields);
+  },
+};
+
+function renderSite(resource) {
+  const spec = parseSpec(resource);
+  const warnings = [];
+  if (spec.replicas === 0) {
+    warnings.push({ field: "spec.replicas", message: "is 0: the site is rendered but nothing serves it" });
+  }
+  const name = resource.metadata.name;
+  const labels = { "app.kubernetes.io/name": name, "app.kubernetes.io/component": "static-site" };
+  const data = {};
+  for (const file of spec.names) data[file] = spec.files[file];
+  const configMap = {
+    apiVersion: "v1",
+    kind: "ConfigMap",
+    metadata: { name: `${name}-files`, labels },
+    data,
+  };
+  const deployment = {
+    apiVersion: "apps/v1",
+    kind: "Deployment",
+    metadata: { name, labels },
+    spec: {
+      replicas: spec.replicas,
+      selector: { matchLabels: labels },
+      template: {
+        metadata: {
+          labels,
+          annotations: { "sites.example.com/files": fingerprint(JSON.stringify(data)) },
+        },
+        spec: {
+          containers: [
+            {
+              name: "web",
+              image: spec.image,
+              ports: [{ name: "http", containerPort: spec.port }],
+              volumeMounts: [{ name: "files", mountPath: "/usr/share/nginx/html", readOnly: true }],
+            },
+          ],
+          volumes: [{ name: "files", configMap: { name: `${name}-files` } }],
+        },
+      },
+    },
+  };
+  const service = {
+    apiVersion: "v1",
+    kind: "Service",
+    metadata: { name, labels },
+    spec: { selector: labels, ports: [{ name: "http", port: 80, targetPort: "http" }] },
+  };
+  return { manifests: [configMap, deployment, service].map((o) => JSON.stringify(o)), warnings };
+}

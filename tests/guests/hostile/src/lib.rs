@@ -8,6 +8,11 @@
 //! sandbox let it see: environment, arguments, clock, randomness, files; and `counter`, which
 //! counts its renders in a ConfigMap: impure, as a second render in one instance shows.
 //!
+//! Contract 1.1 (each renders the `ok` ConfigMap with its mode): `warn` (one warning),
+//! `many-warnings` (a hundred, each 4 KiB long), `undeclared-status` (status fields its schema
+//! does not declare, one of them the host's `conditions`) and `status-loop` (a status call that
+//! never returns).
+//!
 //! Waits, each of which then returns one ConfigMap: `sleep` (`std::thread::sleep` for 20 s),
 //! `sleep-forever` (for `Duration::MAX`) and `poll` (`wasi:io/poll` on a 20 s
 //! `subscribe-duration` and on a `subscribe-instant` 20 s from now, called directly, as std's
@@ -109,6 +114,9 @@ impl Plugin for Hostile {
                 engine: None,
                 spec_schema: json!({ "type": "object", "properties": { "mode": { "type": "string" } } }),
                 printer_columns: vec![],
+                status_schema: Some(
+                    json!({ "type": "object", "properties": { "mode": { "type": "string" } } }),
+                ),
             }],
             // Two versions of one kind: the host must treat them as one child.
             children: vec![
@@ -117,6 +125,46 @@ impl Plugin for Hostile {
                 GroupVersionKind::new("autoscaling", "v2", "HorizontalPodAutoscaler"),
             ],
         }
+    }
+
+    fn render_reported(r: &Resource, ctx: &Context) -> Result<guest_kit::Rendered> {
+        let objects = Self::render(r, ctx)?;
+        let mode = r.spec.get("mode").and_then(Value::as_str).unwrap_or("ok");
+        let warnings = match mode {
+            "warn" => vec![guest_kit::Warning::new("spec.mode", "was asked to warn")],
+            // More warnings than the host keeps, each longer than a condition holds.
+            "many-warnings" => (0..100)
+                .map(|i| guest_kit::Warning::new(format!("spec.w{i}"), "w".repeat(4096)))
+                .collect(),
+            _ => Vec::new(),
+        };
+        Ok(guest_kit::Rendered { objects, warnings })
+    }
+
+    fn status(
+        r: &Resource,
+        _children: &[guest_kit::ObservedChild],
+        _ctx: &Context,
+    ) -> Result<serde_json::Map<String, Value>> {
+        let mode = r.spec.get("mode").and_then(Value::as_str).unwrap_or("ok");
+        let mut fields = serde_json::Map::new();
+        match mode {
+            // A field its schema does not declare, and one the host owns.
+            "undeclared-status" => {
+                fields.insert("other".into(), 1.into());
+                fields.insert("conditions".into(), json!([]));
+            }
+            "status-loop" => {
+                let mut i: u64 = 0;
+                loop {
+                    i = std::hint::black_box(i.wrapping_add(1));
+                }
+            }
+            _ => {
+                fields.insert("mode".into(), mode.into());
+            }
+        }
+        Ok(fields)
     }
 
     fn render(r: &Resource, _ctx: &Context) -> Result<Vec<Value>> {
@@ -130,6 +178,10 @@ impl Plugin for Hostile {
                 json!({ "mode": "ok", "version": "next" }),
             )],
             "ok" => vec![config_map(r, &r.name, ns, json!({ "mode": "ok" }))],
+            // Contract 1.1: warnings with a good render, and a status that misbehaves.
+            "warn" | "many-warnings" | "undeclared-status" | "status-loop" => {
+                vec![config_map(r, &r.name, ns, json!({ "mode": mode }))]
+            }
             // An autoscaling/v2 HPA, while the plugin also declares v1 (which the host may watch).
             "hpa-v2" => vec![json!({
                 "apiVersion": "autoscaling/v2",

@@ -1,0 +1,211 @@
+//! Contract 1.1 on the real control plane: warnings shown on the resource without making it
+//! un-Ready, status fields computed by the plugin from what the host observes, a plugin whose
+//! status misbehaves contained, and a plugin built against 1.0 served unchanged.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::Value;
+use testenv::ControlPlane;
+
+use crate::judge::cluster;
+use crate::operator::{
+    Operator, apply, condition, eventually, get, kubectl, kubectl_ok, wait_ready,
+};
+
+/// The CRDs of the plugin at `wasm`, as `host crds --plugin` prints them, installed.
+fn install_crds(cp: &ControlPlane, wasm: &str) {
+    let runtime = host::plugin::Runtime::new(
+        host::plugin::Limits::default(),
+        Some(crate::support::cache()),
+    )
+    .unwrap();
+    let plugin = runtime
+        .load_file(Path::new(wasm), &Default::default())
+        .unwrap();
+    for kind in &plugin.info().kinds {
+        let crd = host::crd::crd(&plugin, kind).unwrap();
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), crd.to_string()).unwrap();
+        kubectl_ok(cp, &["apply", "-f", &file.path().display().to_string()]);
+        kubectl_ok(
+            cp,
+            &[
+                "wait",
+                "--for=condition=Established",
+                &format!("crd/{}.{}", kind.plural, kind.group),
+                "--timeout=30s",
+            ],
+        );
+    }
+}
+
+const DATASTORE: &str = "apiVersion: hanzo.ai/v1alpha1
+kind: HanzoDatastore
+metadata: {name: db}
+spec:
+  type: postgresql
+  image: {repository: postgres, tag: '16'}
+  storage: {size: 1Gi}
+  credentialsSecret: db-creds
+  backup: {enabled: true, schedule: '0 3 * * *', retentionDays: 7}
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warnings_and_status_computed_by_plugins_show_on_the_resource() {
+    let cp = cluster();
+    let _logs = cp.logs_on_failure();
+    let client = cp.client().await.unwrap();
+    let ns = cp.namespace(&client, "reporting").await.unwrap();
+    install_crds(cp, test_guests::HOSTILE);
+    install_crds(cp, test_guests::CONTRACT_1_0);
+    let op = Operator::start(
+        cp,
+        &ns,
+        "hanzo.ai",
+        &[
+            PathBuf::from(test_guests::HOSTILE),
+            PathBuf::from(test_guests::CONTRACT_1_0),
+        ],
+    )
+    .await;
+
+    // A backup without its S3 target: the database is deployed, the backup left out, and the
+    // resource Ready with a warning naming the fields.
+    apply(cp, &ns, DATASTORE);
+    wait_ready(cp, &ns, "hanzodatastores.hanzo.ai/db");
+    let db = get(cp, &ns, "hanzodatastores.hanzo.ai/db").unwrap();
+    let (status, reason, warning) = condition(&db, "Warning");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "PluginWarning"),
+        "{db}"
+    );
+    assert!(
+        warning.contains("spec.backup") && warning.contains("spec.backup.s3Endpoint"),
+        "{warning}"
+    );
+    assert_eq!(condition(&db, "Stalled").0, "False", "{db}");
+    assert!(get(cp, &ns, "statefulset/db").is_some(), "no StatefulSet");
+    assert!(
+        get(cp, &ns, "cronjob/db-backup").is_none(),
+        "a CronJob with no target"
+    );
+    // `kubectl get` shows it, in the host's message column.
+    let table = kubectl_ok(cp, &["get", "-n", &ns, "hanzodatastores"]);
+    assert!(table.contains("warning: spec.backup"), "{table}");
+    // Once, as an event.
+    crate::operator::eventually("the warning's event", Duration::from_secs(30), || {
+        kubectl(
+            cp,
+            &[
+                "get",
+                "events",
+                "-n",
+                &ns,
+                "--field-selector",
+                "reason=PluginWarning",
+            ],
+        )
+        .1
+        .contains("spec.backup")
+    })
+    .await;
+    // The plugin's status fields beside the host's: the endpoint and the credentials' Secret at
+    // once, the ready replicas as the StatefulSet reports them.
+    assert_eq!(
+        db["status"]["endpoint"],
+        format!("db.{ns}.svc.cluster.local:5432"),
+        "{db}"
+    );
+    assert_eq!(db["status"]["credentialsSecret"], "db-creds", "{db}");
+    eventually(
+        "the ready replicas in status",
+        Duration::from_secs(60),
+        || {
+            get(cp, &ns, "hanzodatastores.hanzo.ai/db")
+                .is_some_and(|d| d["status"]["readyReplicas"] == 1 && d["status"]["replicas"] == 1)
+        },
+    )
+    .await;
+
+    // Completed, the backup is rendered and the warning goes.
+    apply(
+        cp,
+        &ns,
+        &DATASTORE.replace(
+            "retentionDays: 7}",
+            "retentionDays: 7, s3Endpoint: 'https://s3.example.com', s3Bucket: backups, s3CredentialsSecret: s3-creds}",
+        ),
+    );
+    eventually("the backup CronJob", Duration::from_secs(30), || {
+        get(cp, &ns, "cronjob/db-backup").is_some()
+    })
+    .await;
+    eventually("the warning to go", Duration::from_secs(30), || {
+        get(cp, &ns, "hanzodatastores.hanzo.ai/db").is_some_and(|d| {
+            condition(&d, "Warning").0.is_empty() && condition(&d, "Ready").0 == "True"
+        })
+    })
+    .await;
+
+    // A KVCluster reports its seed and its ready nodes.
+    apply(
+        cp,
+        &ns,
+        "apiVersion: storage.mydatabase.io/v1alpha1\nkind: KVCluster\nmetadata: {name: raft}\nspec: {size: 3}\n",
+    );
+    wait_ready(cp, &ns, "kvclusters.storage.mydatabase.io/raft");
+    eventually(
+        "three ready nodes in status",
+        Duration::from_secs(60),
+        || {
+            get(cp, &ns, "kvclusters.storage.mydatabase.io/raft").is_some_and(|k| {
+                k["status"]["readyNodes"] == 3
+                    && k["status"]["seedAddress"]
+                        == format!("raft-0.raft-service.{ns}.svc.cluster.local:50051")
+            })
+        },
+    )
+    .await;
+
+    // A status that names fields its schema does not (one of them the host's own), and one
+    // that never returns: the resource stays Ready, says why its fields are not new, and
+    // nothing of the host's status is overwritten.
+    let hostile = |name: &str, mode: &str| {
+        format!(
+            "apiVersion: test.wasm-operator.dev/v1\nkind: Hostile\nmetadata: {{name: {name}}}\nspec: {{mode: {mode}}}\n"
+        )
+    };
+    apply(cp, &ns, &hostile("warner", "warn"));
+    apply(cp, &ns, &hostile("undeclared", "undeclared-status"));
+    apply(cp, &ns, &hostile("stuck", "status-loop"));
+    for (name, says) in [
+        ("warner", "spec.mode: was asked to warn"),
+        ("undeclared", "not among the status fields"),
+        ("stuck", "deadline"),
+    ] {
+        let what = format!("hostiles.test.wasm-operator.dev/{name}");
+        wait_ready(cp, &ns, &what);
+        let h = get(cp, &ns, &what).unwrap();
+        let (_, _, warning) = condition(&h, "Warning");
+        assert!(warning.contains(says), "{name}: {h}");
+        assert!(h["status"].get("other").is_none(), "{h}");
+        assert_eq!(condition(&h, "Ready").0, "True", "{h}");
+    }
+    let warner = get(cp, &ns, "hostiles.test.wasm-operator.dev/warner").unwrap();
+    assert_eq!(warner["status"]["mode"], "warn", "{warner}");
+
+    // A plugin built against contract 1.0: served as before, with no warnings and no fields.
+    apply(
+        cp,
+        &ns,
+        "apiVersion: test.wasm-operator.dev/v1\nkind: Legacy\nmetadata: {name: old}\nspec: {message: hello}\n",
+    );
+    wait_ready(cp, &ns, "legacies.test.wasm-operator.dev/old");
+    let cm = get(cp, &ns, "configmap/old").expect("the 1.0 plugin's ConfigMap");
+    assert_eq!(cm["data"]["contract"], "1.0.0");
+    let old: Value = get(cp, &ns, "legacies.test.wasm-operator.dev/old").unwrap();
+    assert!(condition(&old, "Warning").0.is_empty(), "{old}");
+    op.stop().await;
+}
