@@ -82,6 +82,11 @@ pub enum Command {
     /// Say what a plugin is: its Kinds, the child kinds it may emit, its contract, digest, size,
     /// imports and exports; from a file or a registry.
     Inspect(InspectArgs),
+    /// Preview what `host run` would change in the cluster (the current kubeconfig's): each
+    /// resource rendered as the operator renders it, each child sent as a server-side apply dry
+    /// run under the operator's field manager and compared with the live object, and what it
+    /// would prune. Writes nothing. Exit 0: no differences; 1: differences; 2: an error.
+    Diff(DiffArgs),
     /// A demo with nothing to install: a Kubernetes control plane of its own (kwok simulates the
     /// pods), the CRDs, the operator, the examples applied, and a live table of each going to
     /// Ready. Ctrl-C tears it all down.
@@ -469,6 +474,27 @@ pub enum ReportFormat {
     Json,
 }
 
+/// `host diff`.
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    /// Plugins and limits (`--plugin NEW` previews a new version of a plugin).
+    #[command(flatten)]
+    pub plugins: PluginArgs,
+    /// Preview every resource of the plugins' Kinds in the cluster (with `--plugin NEW`: an
+    /// upgrade of that plugin, before it is rolled out) instead of files.
+    #[arg(long, conflicts_with = "files")]
+    pub all: bool,
+    /// With `--all`, only this namespace.
+    #[arg(long, short = 'n', requires = "all")]
+    pub namespace: Option<String>,
+    /// Report format.
+    #[arg(short, long, value_enum, default_value_t = ReportFormat::Text)]
+    pub output: ReportFormat,
+    /// YAML or JSON files of resources, or directories of them; `-` reads standard input.
+    #[arg(value_name = "FILE", required_unless_present = "all")]
+    pub files: Vec<String>,
+}
+
 /// `host render`.
 #[derive(Debug, Args)]
 pub struct RenderArgs {
@@ -552,6 +578,7 @@ impl Cli {
             Command::Push(args) => push(&args),
             Command::Pull(args) => pull(&args),
             Command::Inspect(args) => inspect(&args),
+            Command::Diff(args) => diff(&args),
             #[cfg(feature = "dev")]
             Command::Dev(args) => dev(&args),
         };
@@ -763,6 +790,67 @@ fn run(args: &RunArgs) -> Result<ExitCode, Error> {
             Ok(ExitCode::FAILURE)
         }
     }
+}
+
+fn diff(args: &DiffArgs) -> Result<ExitCode, Error> {
+    let registry = args.plugins.registry()?;
+    let mut resources = Vec::new();
+    if !args.all {
+        for file in &documents::expand(&args.files)? {
+            let text = documents::read(file)?;
+            for doc in documents::parse(file, &text)? {
+                resources.push(
+                    documents::resource(&doc.value).map_err(|e| {
+                        Error::Output(format!("{file}: document {}: {e}", doc.index))
+                    })?,
+                );
+            }
+        }
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Output(format!("cannot start the async runtime: {e}")))?;
+    let report = runtime.block_on(async {
+        let client = kube::Client::try_default()
+            .await
+            .map_err(|e| Error::Output(format!("cannot reach the cluster: {e}")))?;
+        if args.all {
+            // With `--plugin NEW`, the Kinds of the plugins given (a built-in one it replaces is
+            // previewed with it); else every Kind served.
+            resources = crate::diff::listed(
+                &client,
+                &registry,
+                args.namespace.as_deref(),
+                !args.plugins.plugins.is_empty(),
+            )
+            .await
+            .map_err(|e| Error::Output(e.to_string()))?;
+        }
+        Ok::<_, Error>(crate::diff::diff(&client, &registry, &resources, !args.all).await)
+    })?;
+    match args.output {
+        ReportFormat::Text => emit(&report.text())?,
+        ReportFormat::Json => emit(&format!(
+            "{}\n",
+            serde_json::json!({
+                "entries": report.entries,
+                "errors": report.errors,
+                "summary": {
+                    "create": report.count(crate::diff::Action::Create),
+                    "change": report.count(crate::diff::Action::Change),
+                    "delete": report.count(crate::diff::Action::Delete),
+                },
+            })
+        ))?,
+    }
+    Ok(if !report.errors.is_empty() {
+        ExitCode::from(2)
+    } else if report.differs() {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 #[cfg(feature = "dev")]

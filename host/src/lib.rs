@@ -5,6 +5,7 @@
 //! - [`schema`]: a spec checked against its Kind's schema before it is rendered;
 //! - [`documents`]: reading resources from YAML or JSON files and writing manifests;
 //! - [`crd`]: CustomResourceDefinitions from the plugins' own descriptions;
+//! - [`diff`]: `host diff`, what the operator would change, previewed by server-side dry run;
 //! - [`check`]: `host check`, a plugin checked before it is published or served;
 //! - [`oci`]: plugins pushed to and pulled from OCI registries;
 //! - [`publish`]: `host push`, `host pull` and `host inspect`;
@@ -18,6 +19,7 @@ pub mod cli;
 pub mod crd;
 #[cfg(feature = "dev")]
 pub mod dev;
+pub mod diff;
 pub mod documents;
 pub mod error;
 pub mod oci;

@@ -419,6 +419,7 @@ pub fn render_datastore_reported(resource: &Resource, ctx: &Context) -> Result<R
         &ports,
     )?);
     if let Some(b) = own.backup.as_ref().filter(|b| b.enabled != Some(false)) {
+        validate_backup(resource, b, engine)?;
         match missing_for_backup(b, &own) {
             missing if missing.is_empty() => {
                 out.push(backup(resource, &w, &own, engine, &ports, &labels, b)?);
@@ -439,6 +440,42 @@ pub fn render_datastore_reported(resource: &Resource, ctx: &Context) -> Result<R
         objects: out,
         warnings,
     })
+}
+
+/// Refuses what a backup's spec sets and cannot work (present and invalid is an error, even
+/// while other fields are missing): a name too long for its CronJob, a schedule that is not a
+/// cron expression, a bad Secret name, a retention under a day, an engine with no backup.
+fn validate_backup(resource: &Resource, b: &BackupSpec, engine: &Engine) -> Result<()> {
+    if resource.name.len() + "-backup".len() > 52 {
+        return Err(RenderError::new(
+            "metadata.name",
+            "must be at most 45 characters with spec.backup: the CronJob <name>-backup is limited to 52",
+        ));
+    }
+    if let Some(schedule) = &b.schedule {
+        spec::cron("spec.backup.schedule", schedule)?;
+    }
+    if let Some(secret) = &b.s3_credentials_secret {
+        spec::dns_subdomain("spec.backup.s3CredentialsSecret", secret)?;
+    }
+    let retention = b.retention_days.unwrap_or(7);
+    if retention < 1 {
+        return Err(RenderError::new(
+            "spec.backup.retentionDays",
+            format!("{retention} must be at least 1"),
+        ));
+    }
+    if dump_script(engine).is_none() && engine.name != "minio" {
+        let why = match engine.name {
+            "docdb" => "back up the PostgreSQL database it stores its data in",
+            _ => "use the engine's own replication or snapshots",
+        };
+        return Err(RenderError::new(
+            "spec.backup",
+            format!("is not supported for engine {}: {why}", engine.name),
+        ));
+    }
+    Ok(())
 }
 
 /// The fields a backup needs that are not set (an incomplete backup is left out, with a
@@ -594,13 +631,8 @@ fn backup(
     labels: &Map<String, Value>,
     b: &BackupSpec,
 ) -> Result<Value> {
+    validate_backup(resource, b, engine)?;
     let name = format!("{}-backup", resource.name);
-    if name.len() > 52 {
-        return Err(RenderError::new(
-            "metadata.name",
-            "must be at most 45 characters with spec.backup: the CronJob <name>-backup is limited to 52",
-        ));
-    }
     let required = |v: &Option<String>, field: &str| {
         v.clone().ok_or_else(|| {
             RenderError::new(
@@ -610,29 +642,11 @@ fn backup(
         })
     };
     let schedule = required(&b.schedule, "schedule")?;
-    spec::cron("spec.backup.schedule", &schedule)?;
     let endpoint = required(&b.s3_endpoint, "s3Endpoint")?;
     let bucket = required(&b.s3_bucket, "s3Bucket")?;
     let s3_secret = required(&b.s3_credentials_secret, "s3CredentialsSecret")?;
-    spec::dns_subdomain("spec.backup.s3CredentialsSecret", &s3_secret)?;
     let retention = b.retention_days.unwrap_or(7);
-    if retention < 1 {
-        return Err(RenderError::new(
-            "spec.backup.retentionDays",
-            format!("{retention} must be at least 1"),
-        ));
-    }
     let dump = dump_script(engine);
-    if dump.is_none() && engine.name != "minio" {
-        let why = match engine.name {
-            "docdb" => "back up the PostgreSQL database it stores its data in",
-            _ => "use the engine's own replication or snapshots",
-        };
-        return Err(RenderError::new(
-            "spec.backup",
-            format!("is not supported for engine {}: {why}", engine.name),
-        ));
-    }
     let creds_secret = own.credentials_secret.as_deref().ok_or_else(|| {
         RenderError::new(
             "spec.credentialsSecret",

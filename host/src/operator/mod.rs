@@ -38,6 +38,7 @@ use tokio::sync::watch;
 use children::{Applies, OwnerIndex, Waiting};
 pub use live::LiveChild;
 pub use metrics::Metrics;
+pub use reconcile::ADOPT_ANNOTATION;
 
 use crate::registry::{Registry, split_api_version};
 

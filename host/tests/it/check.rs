@@ -95,7 +95,11 @@ fn the_built_in_plugins_pass_with_their_examples() {
         assert_eq!(code, 0, "{report:#}");
         assert_eq!(report["passed"], true);
         assert_eq!(report["component"]["sha256"], builtin.sha256);
-        assert_eq!(report["contract"], "1.0.0");
+        assert_eq!(report["contract"], "1.1.0");
+        assert!(
+            finding(&report, "contract").1.contains("and reporting"),
+            "{report:#}"
+        );
         for check in [
             "compile", "contract", "imports", "describe", "schemas", "render", "pure",
         ] {
@@ -126,12 +130,65 @@ fn the_javascript_plugin_passes_with_its_example() {
     );
     assert_eq!(
         report["component"]["imports"],
-        serde_json::json!(["wasm-operator:plugin/types@1.0.0"]),
+        serde_json::json!(["wasm-operator:plugin/types@1.1.0"]),
         "{report:#}"
     );
     for check in ["render", "pure"] {
         assert_eq!(finding(&report, check).0, "pass", "{report:#}");
     }
+    assert!(
+        finding(&report, "contract").1.contains("and reporting"),
+        "{report:#}"
+    );
+}
+
+/// A plugin built against contract 1.0, as published then, passes on a host that speaks 1.1;
+/// a 1.1 plugin's warnings are in the report (they fail nothing), and a status that names a
+/// field its schema does not fails the render check.
+#[test]
+fn a_1_0_plugin_passes_and_warnings_are_reported_without_failing() {
+    let dir = tempfile::tempdir().unwrap();
+    let legacy = dir.path().join("legacy.yaml");
+    std::fs::write(
+        &legacy,
+        "apiVersion: test.wasm-operator.dev/v1\nkind: Legacy\nmetadata: {name: old, namespace: app}\nspec: {message: hi}\n",
+    )
+    .unwrap();
+    let (code, report) = check_json(&[test_guests::CONTRACT_1_0, &legacy.display().to_string()]);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(report["contract"], "1.0.0", "{report:#}");
+    assert!(
+        !finding(&report, "contract").1.contains("reporting"),
+        "{report:#}"
+    );
+
+    let warn = hostile_example(dir.path(), "warn");
+    let (code, report) = check_json(&[test_guests::HOSTILE, &warn]);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(
+        report["warnings"],
+        serde_json::json!([format!(
+            "{warn}: document 1 (Hostile/h): spec.mode: was asked to warn"
+        )]),
+        "{report:#}"
+    );
+    let out = host(&["check", test_guests::HOSTILE, &warn]);
+    let shown = text(&out.stdout);
+    assert!(
+        shown.contains("WARN  render    ") && shown.contains("was asked to warn"),
+        "{shown}"
+    );
+
+    let undeclared = hostile_example(dir.path(), "undeclared-status");
+    let (code, report) = check_json(&[test_guests::HOSTILE, &undeclared]);
+    assert_eq!(code, 1, "{report:#}");
+    let (outcome, detail) = finding(&report, "render");
+    assert_eq!(outcome, "fail", "{report:#}");
+    assert!(
+        detail.contains("status: PluginMisbehaved")
+            && detail.contains("is not among the status fields Hostile declares"),
+        "{detail}"
+    );
 }
 
 #[test]

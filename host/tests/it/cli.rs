@@ -56,6 +56,37 @@ fn renders_the_examples_with_no_plugin_flag() {
     );
 }
 
+/// A backup enabled without its S3 target renders the database, leaves the backup out, and says
+/// so on stderr, naming the file, the resource and the fields (contract 1.1 warnings).
+#[test]
+fn an_incomplete_optional_feature_renders_the_rest_with_a_warning() {
+    let db = "apiVersion: hanzo.ai/v1alpha1\nkind: HanzoDatastore\nmetadata: {name: db, namespace: prod}\nspec:\n  type: postgresql\n  image: {repository: postgres, tag: '16'}\n  storage: {size: 10Gi}\n  credentialsSecret: db-creds\n  backup: {enabled: true, schedule: '0 3 * * *', retentionDays: 7}\n";
+    let out = host(&["render", "-"], Some(db));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("kind: StatefulSet"), "{stdout}");
+    assert!(!stdout.contains("kind: CronJob"), "{stdout}");
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("warning: <stdin>: document 1 (HanzoDatastore/db): spec.backup: is enabled but spec.backup.s3Endpoint, spec.backup.s3Bucket, spec.backup.s3CredentialsSecret are not set"),
+        "{stderr}"
+    );
+    // Present and invalid is still an error.
+    let out = host(
+        &["render", "-"],
+        Some(&db.replace(
+            "schedule: '0 3 * * *'",
+            "schedule: 'nightly', s3Endpoint: e, s3Bucket: b, s3CredentialsSecret: s",
+        )),
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("spec.backup.schedule"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
 #[test]
 fn reads_stdin_and_writes_a_json_list() {
     let yaml = std::fs::read_to_string(root().join("examples/service.yaml")).unwrap();

@@ -5,6 +5,7 @@ mod check;
 mod cli;
 mod crds;
 mod dev;
+mod diff;
 mod errors;
 mod image;
 mod judge;

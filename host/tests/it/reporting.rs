@@ -14,7 +14,7 @@ use crate::operator::{
 };
 
 /// The CRDs of the plugin at `wasm`, as `host crds --plugin` prints them, installed.
-fn install_crds(cp: &ControlPlane, wasm: &str) {
+pub(crate) fn install_crds(cp: &ControlPlane, wasm: &str) {
     let runtime = host::plugin::Runtime::new(
         host::plugin::Limits::default(),
         Some(crate::support::cache()),
