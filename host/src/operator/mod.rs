@@ -254,6 +254,8 @@ pub(crate) struct Shared {
     pub writes: tokio::sync::Semaphore,
     /// Whether every watch (served Kinds and child kinds) has listed what it watches.
     pub synced: tokio::sync::watch::Sender<bool>,
+    /// Turns true when the operator stops: what waits for `synced` waits no more.
+    pub stopping: tokio::sync::watch::Sender<bool>,
     /// See [`Settings::render_wait`].
     pub render_wait: Duration,
     /// Whether this replica may write (it leads, and renewed its Lease in time).
@@ -452,9 +454,11 @@ pub async fn run(
     let (trigger_tx, _) = tokio::sync::broadcast::channel::<()>(1);
     let trigger_tx2 = trigger_tx.clone();
     let (stopping_tx, mut stopping) = watch::channel(false);
+    let halted = shared.clone();
     tokio::spawn(async move {
         trigger.await;
         stopping_tx.send_replace(true);
+        halted.stopping.send_replace(true);
         let _ = trigger_tx2.send(());
     });
 
@@ -664,6 +668,7 @@ async fn setup(
         failures: Mutex::new(BTreeMap::new()),
         writes: tokio::sync::Semaphore::new(usize::from(settings.max_writes_in_flight)),
         synced: tokio::sync::watch::Sender::new(false),
+        stopping: tokio::sync::watch::Sender::new(false),
         render_wait: settings.render_wait,
     };
     Ok((shared, writers))

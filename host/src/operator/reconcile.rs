@@ -63,8 +63,14 @@ pub(crate) async fn reconcile(
 ) -> Result<Action, ReconcileError> {
     // Nothing is reconciled before every watch has listed what it watches: pruning and the
     // skipping of unchanged children read the child caches, which must be complete.
+    // A shutdown before then (its watches may never list) leaves the resource to the next
+    // leader instead of holding the shutdown for the sync timeout.
     let mut synced = ctx.shared.synced.subscribe();
-    let _ = synced.wait_for(|s| *s).await;
+    let mut stopping = ctx.shared.stopping.subscribe();
+    tokio::select! {
+        _ = synced.wait_for(|s| *s) => {}
+        _ = stopping.wait_for(|s| *s) => return Ok(Action::await_change()),
+    }
     let metrics = &ctx.shared.metrics;
     let result = {
         let _measure = Measure::start(metrics, &ctx.controller);
