@@ -2,7 +2,8 @@
 //! Raft key-value store.
 //!
 //! A resource becomes a StatefulSet `<name>` of `spec.size` replicas with a volume for the WAL and
-//! Raft data, and a headless Service `<name>-service`. Every pod learns the seed's address before
+//! Raft data, and a headless Service `<name>-service`, shaped as the KV-Operator shaped them, so
+//! that its clusters are taken over as they are. Every pod learns the seed's address before
 //! it exists: `SEED_NODE_ADDR` is `<name>-0.<name>-service.<namespace>.svc.<domain>:50051`, so
 //! replicas 1..N join replica 0.
 //!
@@ -25,10 +26,17 @@ guest_kit::export_plugin!(KvClusterPlugin);
 
 /// The Kind's group.
 pub const GROUP: &str = "storage.mydatabase.io";
-/// The Raft/gRPC port every node listens on.
-pub const RAFT_PORT: i64 = 50051;
+/// The gRPC port clients and joining nodes use (the seed's address names it).
+pub const GRPC_PORT: i64 = 50051;
+/// The Raft port between nodes.
+pub const RAFT_PORT: i64 = 60051;
+/// The metrics port.
+pub const METRICS_PORT: i64 = 51051;
 /// The image when `spec.image` is absent.
-pub const DEFAULT_IMAGE: &str = "kvstore:latest";
+pub const DEFAULT_IMAGE: &str = "kv-storage:latest";
+/// The claim template holding the WAL and Raft data, and where it is mounted.
+pub const DATA_VOLUME: &str = "data-volume";
+const DATA_PATH: &str = "/app/raft-data";
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -107,7 +115,7 @@ impl Plugin for KvClusterPlugin {
 /// Where every node joins the Raft group: replica 0, through the headless Service.
 fn seed_address(resource: &Resource, ctx: &Context) -> String {
     format!(
-        "{name}-0.{name}-service.{}.svc.{}:{RAFT_PORT}",
+        "{name}-0.{name}-service.{}.svc.{}:{GRPC_PORT}",
         resource.namespace,
         ctx.cluster_domain,
         name = resource.name
@@ -138,26 +146,40 @@ pub fn render_kvcluster(resource: &Resource, ctx: &Context) -> Result<Vec<Value>
         return Err(RenderError::new("spec.image", "must not be empty"));
     }
 
+    // The workload is the KV-Operator's, field for field (its public source): selector and pod
+    // labels `app: <name>`, container `storage-node`, ports grpc, raft and metrics, claim
+    // template `data-volume` at /app/raft-data. A KVCluster it made is taken over with no
+    // immutable field changed and, unless the spec asks otherwise, no pod replaced
+    // (docs/migration.md). The host's own labels go on the objects, not in the selector.
     let service = format!("{name}-service");
     let mut labels: Map<String, Value> = render::selector(name);
     labels.insert("app".into(), name.as_str().into());
     labels.insert("app.kubernetes.io/managed-by".into(), MANAGED_BY.into());
-    let mut selector = render::selector(name);
+    let mut selector = Map::new();
     selector.insert("app".into(), name.as_str().into());
     let meta = |n: &str| json!({ "name": n, "namespace": resource.namespace, "labels": labels });
+    let ports = [
+        ("grpc", GRPC_PORT),
+        ("raft", RAFT_PORT),
+        ("metrics", METRICS_PORT),
+    ];
 
     let seed_addr = seed_address(resource, ctx);
     let mut container = json!({
-        "name": "kv",
+        "name": "storage-node",
         "image": image,
-        "ports": [{ "name": "raft", "containerPort": RAFT_PORT, "protocol": "TCP" }],
+        "imagePullPolicy": "IfNotPresent",
+        "ports": ports
+            .iter()
+            .map(|(n, p)| json!({ "name": n, "containerPort": p, "protocol": "TCP" }))
+            .collect::<Vec<_>>(),
         "env": [
             { "name": "POD_NAME", "valueFrom": { "fieldRef": { "fieldPath": "metadata.name" } } },
             { "name": "NODE_ID", "value": "$(POD_NAME)" },
             { "name": "SEED_NODE_ID", "value": format!("{name}-0") },
             { "name": "SEED_NODE_ADDR", "value": seed_addr },
         ],
-        "volumeMounts": [{ "name": "data", "mountPath": "/data" }],
+        "volumeMounts": [{ "name": DATA_VOLUME, "mountPath": DATA_PATH }],
     });
     if let Some(r) = &s.resources {
         container["resources"] = r.clone();
@@ -173,10 +195,9 @@ pub fn render_kvcluster(resource: &Resource, ctx: &Context) -> Result<Vec<Value>
         "spec": {
             "replicas": s.size,
             "serviceName": service,
-            "podManagementPolicy": "OrderedReady",
             "selector": { "matchLabels": selector },
-            "template": { "metadata": { "labels": labels }, "spec": { "containers": [container] } },
-            "volumeClaimTemplates": [{ "metadata": { "name": "data" }, "spec": claim }],
+            "template": { "metadata": { "labels": selector }, "spec": { "containers": [container] } },
+            "volumeClaimTemplates": [{ "metadata": { "name": DATA_VOLUME }, "spec": claim }],
         },
     });
     let headless = json!({
@@ -187,7 +208,10 @@ pub fn render_kvcluster(resource: &Resource, ctx: &Context) -> Result<Vec<Value>
             "clusterIP": "None",
             "publishNotReadyAddresses": true,
             "selector": selector,
-            "ports": [{ "name": "raft", "port": RAFT_PORT, "targetPort": RAFT_PORT, "protocol": "TCP" }],
+            "ports": ports
+                .iter()
+                .map(|(n, p)| json!({ "name": n, "port": p, "targetPort": p, "protocol": "TCP" }))
+                .collect::<Vec<_>>(),
         },
     });
     Ok(vec![statefulset, headless])
@@ -202,7 +226,7 @@ pub fn spec_schema() -> Value {
             ("size", integer("Number of nodes in the consensus group.")),
             (
                 "image",
-                string("The key-value store's image (default kvstore:latest)."),
+                string("The key-value store's image (default kv-storage:latest)."),
             ),
             (
                 "storageSize",

@@ -232,13 +232,20 @@ async fn plugin_status(
     let observed: Vec<crate::types::ObservedChild> = children
         .iter()
         .filter_map(|c| {
-            let live = shared.live(
-                &kind_key(&c.api_version, &c.kind),
-                &owner.resource.namespace,
-                &c.name,
-            )?;
+            // What readiness was judged on (the apply's answer, else the watch's copy).
+            let (replicas, counts) = match &c.observed {
+                Some(observed) => observed.clone(),
+                None => {
+                    let live = shared.live(
+                        &kind_key(&c.api_version, &c.kind),
+                        &owner.resource.namespace,
+                        &c.name,
+                    )?;
+                    (live.replicas(), live.status.clone())
+                }
+            };
             let mut status = serde_json::Map::new();
-            if let Some(counts) = &live.status {
+            if let Some(counts) = &counts {
                 for (field, value) in [
                     ("observedGeneration", counts.observed_generation),
                     ("readyReplicas", counts.ready_replicas),
@@ -254,7 +261,7 @@ async fn plugin_status(
                 api_version: c.api_version.clone(),
                 kind: c.kind.clone(),
                 name: c.name.clone(),
-                replicas: live.replicas(),
+                replicas,
                 status: Value::Object(status),
             })
         })
@@ -333,6 +340,7 @@ impl Owner {
                     ready: c.get("ready").and_then(Value::as_bool).unwrap_or(false),
                     message: text("message").unwrap_or_default(),
                     applied: c.get("applied").and_then(Applied::from_status),
+                    observed: None,
                 })
             })
             .collect();
@@ -784,6 +792,87 @@ enum Answer {
     Retry,
 }
 
+/// Whether the API server refused an apply for changing fields it does not let change.
+fn immutable(message: &str) -> bool {
+    message.contains("field is immutable")
+        || message.contains("updates to statefulset spec for fields other than")
+}
+
+/// The fields of a kind that cannot change once the object exists, as paths.
+fn immutable_fields(kind: &str) -> &'static [&'static str] {
+    match kind {
+        "StatefulSet" => &[
+            "spec.selector",
+            "spec.serviceName",
+            "spec.volumeClaimTemplates",
+            "spec.podManagementPolicy",
+        ],
+        "Deployment" | "DaemonSet" | "ReplicaSet" => &["spec.selector"],
+        "Job" => &["spec.selector", "spec.template"],
+        "Service" => &["spec.clusterIP"],
+        "PersistentVolumeClaim" => &["spec.storageClassName", "spec.accessModes"],
+        _ => &[],
+    }
+}
+
+/// What to say about an apply refused for an immutable field: which fields differ between the
+/// live object and the render, and how to let the operator make it again (it never deletes an
+/// object to get past this by itself: that would replace pods, or lose data).
+async fn immutable_fix(shared: &Shared, namespace: &str, planned: &Planned) -> String {
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(shared.client.clone(), namespace, &planned.ar);
+    let Ok(Some(live)) = api.get_opt(&planned.name).await else {
+        return String::new();
+    };
+    let live = serde_json::to_value(&live).unwrap_or_default();
+    let at = |v: &Value, path: &str| {
+        path.split('.')
+            .try_fold(v, |v, key| v.get(key))
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    let differ: Vec<String> = immutable_fields(&planned.kind)
+        .iter()
+        .filter_map(|path| {
+            let (mine, theirs) = (at(&planned.child, path), at(&live, path));
+            // Only what the render sets: the server fills in the rest.
+            let comparable = |v: &Value| match v {
+                Value::Array(items) => Value::Array(
+                    items
+                        .iter()
+                        .map(|i| json!({ "name": at(i, "metadata.name") }))
+                        .collect(),
+                ),
+                other => other.clone(),
+            };
+            let (m, t) = if *path == "spec.volumeClaimTemplates" {
+                (comparable(&mine), comparable(&theirs))
+            } else {
+                (mine.clone(), theirs.clone())
+            };
+            (!m.is_null() && m != t).then(|| format!("{path} (live {t}, rendered {m})"))
+        })
+        .collect();
+    if differ.is_empty() {
+        return String::new();
+    }
+    let (kind, name) = (planned.kind.to_lowercase(), &planned.name);
+    let selector_differs = differ.iter().any(|d| d.starts_with("spec.selector"));
+    let how = match planned.kind.as_str() {
+        "StatefulSet" if !selector_differs => format!(
+            "kubectl delete {kind} {name} -n {namespace} --cascade=orphan (its pods and volumes stay; the operator makes it again, and the new one adopts the pods, which roll only if their template changed)"
+        ),
+        "StatefulSet" => format!(
+            "kubectl delete {kind} {name} -n {namespace} (its pods go, its PersistentVolumeClaims stay; the operator makes it again, and its pods mount the same claims when the claim template names match)"
+        ),
+        _ => format!("kubectl delete {kind} {name} -n {namespace} (the operator makes it again)"),
+    };
+    format!(
+        ". Immutable and different from the live object: {}. The operator does not delete it by itself; to let it make the object again: {how}",
+        differ.join("; ")
+    )
+}
+
 fn answer(e: &kube::Error) -> Answer {
     match e {
         kube::Error::Api(s) if s.code == 404 => Answer::NotServed(s.message.clone()),
@@ -886,7 +975,14 @@ async fn apply(
                     Answer::Raced(message) => out.raced.push(format!(
                         "{what} changed hands while it was applied ({message}); looking again"
                     )),
-                    Answer::Refused(message) => out.failures.push(format!("{what}: {message}")),
+                    Answer::Refused(message) => {
+                        let fix = if immutable(&message) {
+                            immutable_fix(shared, namespace, planned).await
+                        } else {
+                            String::new()
+                        };
+                        out.failures.push(format!("{what}: {message}{fix}"));
+                    }
                     Answer::Retry => out.transient.push(format!("{what}: {e}")),
                 }
                 continue;
@@ -907,6 +1003,7 @@ async fn apply(
             ready,
             message,
             applied: record,
+            observed: live.map(|l| (l.replicas(), l.status.clone())),
         });
     }
     Ok(out)

@@ -15,6 +15,9 @@ pub(crate) struct Child {
     pub message: String,
     /// What our last apply of it left, if we know.
     pub applied: Option<super::children::Applied>,
+    /// What readiness was judged on (`spec.replicas`, the counts of its status): what a 1.1
+    /// plugin's status call sees of it. Not written to status.
+    pub observed: Option<(Option<i64>, Option<super::live::Counts>)>,
 }
 
 /// A child that was not applied, and why.
@@ -337,6 +340,7 @@ mod tests {
             ready: true,
             message: "exists".into(),
             applied: None,
+            observed: None,
         }];
         let outcome = Outcome {
             children,

@@ -9,6 +9,7 @@ mod diff;
 mod errors;
 mod image;
 mod judge;
+mod migration;
 mod oci;
 mod operator;
 mod plugins;
