@@ -811,14 +811,15 @@ fn diff(args: &DiffArgs) -> Result<ExitCode, Error> {
         .enable_all()
         .build()
         .map_err(|e| Error::Output(format!("cannot start the async runtime: {e}")))?;
-    let report = runtime.block_on(async {
+    let mut notes = Vec::new();
+    let mut report = runtime.block_on(async {
         let client = kube::Client::try_default()
             .await
             .map_err(|e| Error::Output(format!("cannot reach the cluster: {e}")))?;
         if args.all {
             // With `--plugin NEW`, the Kinds of the plugins given (a built-in one it replaces is
             // previewed with it); else every Kind served.
-            resources = crate::diff::listed(
+            (resources, notes) = crate::diff::listed(
                 &client,
                 &registry,
                 args.namespace.as_deref(),
@@ -829,6 +830,7 @@ fn diff(args: &DiffArgs) -> Result<ExitCode, Error> {
         }
         Ok::<_, Error>(crate::diff::diff(&client, &registry, &resources, !args.all).await)
     })?;
+    report.notes = notes;
     match args.output {
         ReportFormat::Text => emit(&report.text())?,
         ReportFormat::Json => emit(&format!(
@@ -836,6 +838,7 @@ fn diff(args: &DiffArgs) -> Result<ExitCode, Error> {
             serde_json::json!({
                 "entries": report.entries,
                 "errors": report.errors,
+                "notes": report.notes,
                 "summary": {
                     "create": report.count(crate::diff::Action::Create),
                     "change": report.count(crate::diff::Action::Change),

@@ -64,6 +64,8 @@ pub struct Report {
     pub entries: Vec<Entry>,
     /// Resources that could not be previewed, and why.
     pub errors: Vec<String>,
+    /// What was left out of the preview, and why (a Kind the cluster does not serve yet).
+    pub notes: Vec<String>,
 }
 
 impl Report {
@@ -109,6 +111,9 @@ impl Report {
                     }
                 }
             }
+        }
+        for note in &self.notes {
+            out.push_str(&format!("# {note}\n"));
         }
         for error in &self.errors {
             out.push_str(&format!("# error: {error}\n"));
@@ -160,14 +165,23 @@ pub async fn listed(
     registry: &Registry,
     namespace: Option<&str>,
     given_only: bool,
-) -> Result<Vec<Resource>, Error> {
+) -> Result<(Vec<Resource>, Vec<String>), Error> {
     let mut out = Vec::new();
+    let mut notes = Vec::new();
     for (_, kind) in registry
         .kinds()
         .filter(|(p, _)| !given_only || !p.source().starts_with("built-in "))
     {
         let gvk = GroupVersionKind::gvk(&kind.group, &kind.versions[0], &kind.kind);
-        let ar = discover(client, &gvk).await?;
+        // A Kind whose CRD is not installed yet (before a switch from the earlier operator)
+        // has nothing in the cluster to preview.
+        let Ok(ar) = discover(client, &gvk).await else {
+            notes.push(format!(
+                "{}.{} is not served by the cluster (its CRD is not installed): nothing of it to preview",
+                kind.plural, kind.group
+            ));
+            continue;
+        };
         let api: Api<DynamicObject> = match namespace {
             Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
             None => Api::all_with(client.clone(), &ar),
@@ -176,7 +190,7 @@ pub async fn listed(
             out.push(resource_of(&obj, &ar));
         }
     }
-    Ok(out)
+    Ok((out, notes))
 }
 
 /// A resource read from the cluster, as the operator hands it to its plugin.
@@ -284,7 +298,7 @@ async fn diff_one(
         match live {
             None => {
                 // What is created: what the operator sends, without the server's defaults.
-                let shown = comparable(&object, &kind);
+                let (_, shown) = mask_secrets(&kind, Value::Null, comparable(&object, &kind));
                 entries.push(entry(
                     Action::Create,
                     unified(&label, &Value::Null, &shown, None),
@@ -481,6 +495,14 @@ mod tests {
         assert_eq!(a["data"], json!({ "a": "***", "b": "*** (after)" }));
         let text = unified("Secret/s", &b, &a, Some(3));
         assert!(!text.contains("eQ==") && !text.contains("eg=="), "{text}");
+        // Created: nothing of its values shows either.
+        let (_, created) = mask_secrets(
+            "Secret",
+            Value::Null,
+            json!({ "stringData": { "p": "hunter2" } }),
+        );
+        let text = unified("Secret/s", &Value::Null, &created, None);
+        assert!(!text.contains("hunter2") && text.contains("***"), "{text}");
         let (cm, _) = mask_secrets("ConfigMap", json!({ "data": { "a": "x" } }), Value::Null);
         assert_eq!(cm["data"]["a"], "x");
     }

@@ -55,6 +55,8 @@ pub(crate) struct Answer {
     pub status: StatusCode,
     pub headers: HeaderMap,
     pub body: Bytes,
+    /// Whether the registry itself gave it (not a host a redirect led to).
+    pub at_home: bool,
 }
 
 impl Client {
@@ -165,13 +167,24 @@ impl Client {
                         ),
                     });
                 }
-                // The scope the registry names (a token that lacked it), else this client's.
+                // This client's scope, and any the registry's challenge names (a token that
+                // lacked one): one `scope` parameter each, as the token protocol has it.
                 let actions = if self.push { "pull,push" } else { "pull" };
-                let scope = params.iter().find(|(k, _)| k == "scope").map_or_else(
-                    || format!("repository:{}:{actions}", self.reference.repository),
-                    |(_, v)| v.clone(),
-                );
-                let mut query = vec![("scope".to_owned(), scope)];
+                let mut scopes = vec![format!(
+                    "repository:{}:{actions}",
+                    self.reference.repository
+                )];
+                for (_, named) in params.iter().filter(|(k, _)| k == "scope") {
+                    for scope in named.split_whitespace() {
+                        if !scopes.iter().any(|s| s == scope) {
+                            scopes.push(scope.to_owned());
+                        }
+                    }
+                }
+                let mut query: Vec<(String, String)> = scopes
+                    .into_iter()
+                    .map(|scope| ("scope".to_owned(), scope))
+                    .collect();
                 if let Some((_, service)) = params.iter().find(|(k, _)| k == "service") {
                     query.push(("service".to_owned(), service.clone()));
                 }
@@ -261,7 +274,10 @@ impl Client {
         let answer = self
             .send_once(method.clone(), path, headers.clone(), body.clone(), limit)
             .await?;
+        // Only the registry's own challenge is answered: a host a redirect led to (a bucket, a
+        // CDN) never gets to name a token service the credentials would go to.
         if answer.status != StatusCode::UNAUTHORIZED
+            || !answer.at_home
             || had.is_none()
             || !answer.headers.contains_key(header::WWW_AUTHENTICATE)
         {
@@ -297,9 +313,10 @@ impl Client {
         // credentials to the registry alone.
         let mut url = url;
         for _ in 0..5 {
-            let answer = self
+            let mut answer = self
                 .request(method.clone(), &url, headers.clone(), body.clone(), limit)
                 .await?;
+            answer.at_home = authority(&url) == home;
             if !answer.status.is_redirection() {
                 return Ok(answer);
             }
@@ -367,6 +384,7 @@ impl Client {
                 status: parts.status,
                 headers: parts.headers,
                 body,
+                at_home: false,
             })
         };
         tokio::time::timeout(self.options.timeout, call)

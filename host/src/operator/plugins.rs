@@ -325,6 +325,16 @@ impl Standby {
         let shared = ready.clone();
         let task = tokio::spawn(async move {
             let mut events = std::pin::pin!(events);
+            // Each Plugin is prepared on its own task: a silent registry holds back only its
+            // own Plugins.
+            // Owned by a set, so that when this task stops (the replica leads) they stop too.
+            let mut set = tokio::task::JoinSet::new();
+            let mut tasks: BTreeMap<String, tokio::task::AbortHandle> = BTreeMap::new();
+            let count = |ready: &std::sync::Mutex<BTreeMap<String, Prepared>>| {
+                metrics
+                    .plugins_prefetched
+                    .set(i64::try_from(lock(ready).len()).unwrap_or(i64::MAX));
+            };
             // The Plugins of the list in progress: those not in it were deleted meanwhile.
             let mut listing: Option<std::collections::BTreeSet<String>> = None;
             while let Some(event) = events.next().await {
@@ -346,31 +356,58 @@ impl Standby {
                         if held {
                             continue;
                         }
-                        match prepare(&live, &ctx, &name, reference, limits).await {
-                            Ok(p) => {
-                                tracing::info!(plugin = %name, image = %p.reference, "loaded, ready for when this replica leads");
-                                lock(&shared).insert(name, p);
-                            }
-                            // The leader says why in status; this replica tries again then.
-                            Err(r) => {
-                                lock(&shared).remove(&name);
-                                tracing::info!(plugin = %name, reason = r.reason, "not loaded while standing by: {}", r.message);
-                            }
+                        if let Some(old) = tasks.remove(&name) {
+                            old.abort();
                         }
+                        let (live, ctx, ready, metrics) =
+                            (live.clone(), ctx.clone(), shared.clone(), metrics.clone());
+                        let task_name = name.clone();
+                        tasks.insert(
+                            name,
+                            set.spawn(async move {
+                                let name = task_name;
+                                match prepare(&live, &ctx, &name, reference, limits).await {
+                                    Ok(p) => {
+                                        tracing::info!(plugin = %name, image = %p.reference, "loaded, ready for when this replica leads");
+                                        lock(&ready).insert(name, p);
+                                    }
+                                    // The leader says why in status; this replica tries again
+                                    // when the Plugin changes.
+                                    Err(r) => {
+                                        lock(&ready).remove(&name);
+                                        tracing::info!(plugin = %name, reason = r.reason, "not loaded while standing by: {}", r.message);
+                                    }
+                                }
+                                metrics
+                                    .plugins_prefetched
+                                    .set(i64::try_from(lock(&ready).len()).unwrap_or(i64::MAX));
+                            }),
+                        );
                     }
                     Ok(watcher::Event::Delete(o)) => {
-                        lock(&shared).remove(&o.name_any());
+                        let name = o.name_any();
+                        if let Some(old) = tasks.remove(&name) {
+                            old.abort();
+                        }
+                        lock(&shared).remove(&name);
                     }
                     Ok(watcher::Event::InitDone) => {
                         if let Some(listed) = listing.take() {
                             lock(&shared).retain(|name, _| listed.contains(name));
+                            tasks.retain(|name, task| {
+                                let keep = listed.contains(name);
+                                if !keep {
+                                    task.abort();
+                                }
+                                keep
+                            });
                         }
                     }
                     Err(e) => tracing::debug!("standby's watch of Plugins: {e}"),
                 }
-                metrics
-                    .plugins_prefetched
-                    .set(i64::try_from(lock(&shared).len()).unwrap_or(i64::MAX));
+                while set.try_join_next().is_some() {}
+                tasks.retain(|_, task| !task.is_finished());
+                count(&shared);
             }
         });
         Self { task, ready }
@@ -383,8 +420,20 @@ impl Standby {
     }
 }
 
-/// What preparing the plugin of a Plugin (by name, for a generation) came to.
-type Outcome = (String, i64, Box<Result<Prepared, Refusal>>);
+/// What preparing the plugin of a Plugin came to: its name, the ticket of that preparation,
+/// and the result.
+type Outcome = (String, u64, Box<Result<Prepared, Refusal>>);
+
+/// A preparation in flight: what it was asked for, so that only a result for what the Plugin
+/// still asks is served.
+struct Preparing {
+    /// Unique per preparation (a Plugin deleted and created again starts its generations anew).
+    ticket: u64,
+    uid: String,
+    digest: Option<String>,
+    limits: Limits,
+    task: tokio::task::JoinHandle<()>,
+}
 
 /// The state of live loading: the plugins given at start, and those loaded since.
 struct Loader {
@@ -403,8 +452,10 @@ struct Loader {
     attempted: BTreeMap<String, (i64, bool)>,
     /// What this replica made ready while it stood by, taken as each Plugin is first synced.
     prefetched: BTreeMap<String, Prepared>,
-    /// The Plugins whose plugin is being prepared, by the generation it is for.
-    preparing: BTreeMap<String, (i64, tokio::task::JoinHandle<()>)>,
+    /// The Plugins whose plugin is being prepared.
+    preparing: BTreeMap<String, Preparing>,
+    /// The last ticket given to a preparation.
+    tickets: u64,
     /// Where what was prepared comes back.
     done: mpsc::UnboundedSender<Outcome>,
     /// The Plugins with a retry on its way.
@@ -443,6 +494,7 @@ pub(crate) fn serve(
         attempted: BTreeMap::new(),
         prefetched,
         preparing: BTreeMap::new(),
+        tickets: 0,
         done: finished,
         pending: std::collections::BTreeSet::new(),
         retry,
@@ -451,12 +503,12 @@ pub(crate) fn serve(
         enum Item {
             Event(Box<Result<watcher::Event<DynamicObject>, watcher::Error>>),
             Retry(String),
-            Prepared(String, i64, Box<Result<Prepared, Refusal>>),
+            Prepared(String, u64, Box<Result<Prepared, Refusal>>),
         }
         let events = Box::pin(events.map(|e| Item::Event(Box::new(e))));
         let retries = retries.map(Item::Retry);
         let prepared =
-            prepared.map(|(name, generation, result)| Item::Prepared(name, generation, result));
+            prepared.map(|(name, ticket, result)| Item::Prepared(name, ticket, result));
         let mut items = futures::stream::select(events, futures::stream::select(retries, prepared));
         // The first list is loaded whole (each Plugin served or refused) before the operator
         // says it has synced: a replica that becomes leader serves every Plugin before it
@@ -465,8 +517,8 @@ pub(crate) fn serve(
         let mut listed = false;
         while let Some(item) = items.next().await {
             match item {
-                Item::Prepared(name, generation, result) => {
-                    loader.prepared(&store, &name, generation, *result).await;
+                Item::Prepared(name, ticket, result) => {
+                    loader.prepared(&store, &name, ticket, *result).await;
                 }
                 Item::Event(e) => loader.event(&store, *e, &mut listed).await,
                 Item::Retry(name) => {
@@ -520,6 +572,9 @@ impl Loader {
                 for name in gone {
                     self.remove(&name);
                 }
+                // What a standby made ready for Plugins no longer listed is let go.
+                self.prefetched
+                    .retain(|name, _| current(store, name).is_some());
                 *listed = true;
             }
             Ok(watcher::Event::Init) | Err(_) => {}
@@ -542,7 +597,22 @@ impl Loader {
             return;
         }
         let spec = o.data.get("spec").cloned().unwrap_or(Value::Null);
-        let (reference, limits) = match wanted(&self.live, &spec) {
+        let uid = o.metadata.uid.clone().unwrap_or_default();
+        let wanted = wanted(&self.live, &spec);
+        // What is being prepared for this very spec goes on; anything else being prepared for
+        // the Plugin is no longer asked for.
+        if let Some(p) = self.preparing.get(&name) {
+            let same = wanted
+                .as_ref()
+                .is_ok_and(|(r, l)| p.uid == uid && p.digest == r.digest && p.limits == *l);
+            if same && !p.task.is_finished() {
+                return;
+            }
+            if let Some(stale) = self.preparing.remove(&name) {
+                stale.task.abort();
+            }
+        }
+        let (reference, limits) = match wanted {
             Ok(w) => w,
             Err(refusal) => return self.settle(o, Err(refusal)).await,
         };
@@ -561,28 +631,31 @@ impl Loader {
             let result = self.serve_prepared(&name, p).await;
             return self.settle(o, result).await;
         }
-        // A newer generation replaces what an older one was preparing.
-        if let Some((g, task)) = self.preparing.get(&name)
-            && *g == generation
-            && !task.is_finished()
-        {
-            return;
-        }
+        self.tickets += 1;
+        let ticket = self.tickets;
         let (live, ctx, done) = (
             self.live.clone(),
             self.base.context().clone(),
             self.done.clone(),
         );
+        let digest = reference.digest.clone();
         let task = {
             let name = name.clone();
             tokio::spawn(async move {
                 let result = prepare(&live, &ctx, &name, reference, limits).await;
-                let _ = done.unbounded_send((name, generation, Box::new(result)));
+                let _ = done.unbounded_send((name, ticket, Box::new(result)));
             })
         };
-        if let Some((_, old)) = self.preparing.insert(name, (generation, task)) {
-            old.abort();
-        }
+        self.preparing.insert(
+            name,
+            Preparing {
+                ticket,
+                uid,
+                digest,
+                limits,
+                task,
+            },
+        );
     }
 
     /// Goes on with a Plugin whose plugin was prepared (or could not be), if it still asks
@@ -591,22 +664,28 @@ impl Loader {
         &mut self,
         store: &Store<DynamicObject>,
         name: &str,
-        generation: i64,
+        ticket: u64,
         result: Result<Prepared, Refusal>,
     ) {
-        if self
-            .preparing
-            .get(name)
-            .is_some_and(|(g, _)| *g == generation)
-        {
-            self.preparing.remove(name);
-        } else {
+        let Some(asked) = self.preparing.remove(name) else {
+            return;
+        };
+        if asked.ticket != ticket {
+            // A newer preparation replaced the one this result is from.
+            self.preparing.insert(name.to_owned(), asked);
             return;
         }
+        // The Plugin as it is now must still ask for what was prepared (the same object, the
+        // same image and limits).
         let Some(o) = current(store, name) else {
             return;
         };
-        if o.metadata.generation.unwrap_or(0) != generation {
+        let spec = o.data.get("spec").cloned().unwrap_or(Value::Null);
+        let still = o.metadata.uid.as_deref() == Some(asked.uid.as_str())
+            && wanted(&self.live, &spec)
+                .is_ok_and(|(r, l)| r.digest == asked.digest && l == asked.limits);
+        if !still {
+            self.sync(&o, true).await;
             return;
         }
         let result = match result {
@@ -1027,9 +1106,10 @@ impl Loader {
     /// Stops serving the Plugin `name` (deleted): its controllers stop; its CRDs and resources
     /// stay.
     fn remove(&mut self, name: &str) {
-        if let Some((_, task)) = self.preparing.remove(name) {
-            task.abort();
+        if let Some(p) = self.preparing.remove(name) {
+            p.task.abort();
         }
+        self.prefetched.remove(name);
         self.failures.remove(name);
         self.attempted.remove(name);
         let Some(gone) = self.loaded.remove(name) else {

@@ -858,17 +858,27 @@ async fn immutable_fix(shared: &Shared, namespace: &str, planned: &Planned) -> S
     }
     let (kind, name) = (planned.kind.to_lowercase(), &planned.name);
     let selector_differs = differ.iter().any(|d| d.starts_with("spec.selector"));
+    let claims_differ = differ
+        .iter()
+        .any(|d| d.starts_with("spec.volumeClaimTemplates"));
     let how = match planned.kind.as_str() {
         "StatefulSet" if !selector_differs => format!(
-            "kubectl delete {kind} {name} -n {namespace} --cascade=orphan (its pods and volumes stay; the operator makes it again, and the new one adopts the pods, which roll only if their template changed)"
+            "kubectl delete {kind} {name} -n {namespace} --cascade=orphan (its pods and claims stay; the operator makes it again, and the new one adopts the pods, which roll only if their template changed)"
         ),
         "StatefulSet" => format!(
-            "kubectl delete {kind} {name} -n {namespace} (its pods go, its PersistentVolumeClaims stay; the operator makes it again, and its pods mount the same claims when the claim template names match)"
+            "kubectl delete {kind} {name} -n {namespace} (its pods go, its PersistentVolumeClaims stay; the operator makes it again)"
         ),
         _ => format!("kubectl delete {kind} {name} -n {namespace} (the operator makes it again)"),
     };
+    // Pods of a claim template of another name mount new, empty claims: say so before anyone
+    // runs the command.
+    let data = if claims_differ {
+        " Its claim templates differ: pods made from the rendered ones get new, empty claims and the old claims stay, unused; copy the data across (or keep the earlier claim names in the spec, where the plugin allows) before you let it go."
+    } else {
+        ""
+    };
     format!(
-        ". Immutable and different from the live object: {}. The operator does not delete it by itself; to let it make the object again: {how}",
+        ". Immutable and different from the live object: {}.{data} The operator does not delete it by itself; to let it make the object again: {how}",
         differ.join("; ")
     )
 }

@@ -211,9 +211,10 @@ async fn a_kvcluster_the_kv_operator_made_is_taken_over_as_it_is() {
     assert!(
         message.contains(
             r#"spec.volumeClaimTemplates (live [{"name":"data"}], rendered [{"name":"data-volume"}])"#
-        ) && message.contains(&format!(
-            "kubectl delete statefulset older -n {ns} --cascade=orphan"
-        )),
+        ) && message.contains("new, empty claims")
+            && message.contains(&format!(
+                "kubectl delete statefulset older -n {ns} --cascade=orphan"
+            )),
         "{message}"
     );
     assert_eq!(condition(&o, "Stalled").0, "True", "{o}");

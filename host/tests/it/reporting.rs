@@ -180,9 +180,11 @@ async fn warnings_and_status_computed_by_plugins_show_on_the_resource() {
     apply(cp, &ns, &hostile("warner", "warn"));
     apply(cp, &ns, &hostile("undeclared", "undeclared-status"));
     apply(cp, &ns, &hostile("stuck", "status-loop"));
+    apply(cp, &ns, &hostile("mistyped", "mistyped-status"));
     for (name, says) in [
         ("warner", "spec.mode: was asked to warn"),
         ("undeclared", "not among the status fields"),
+        ("mistyped", "status.mode"),
         ("stuck", "deadline"),
     ] {
         let what = format!("hostiles.test.wasm-operator.dev/{name}");

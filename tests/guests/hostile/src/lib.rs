@@ -10,8 +10,8 @@
 //!
 //! Contract 1.1 (each renders the `ok` ConfigMap with its mode): `warn` (one warning),
 //! `many-warnings` (a hundred, each 4 KiB long), `undeclared-status` (status fields its schema
-//! does not declare, one of them the host's `conditions`) and `status-loop` (a status call that
-//! never returns).
+//! does not declare, one of them the host's `conditions`), `mistyped-status` (a declared field of
+//! the wrong type) and `status-loop` (a status call that never returns).
 //!
 //! Waits, each of which then returns one ConfigMap: `sleep` (`std::thread::sleep` for 20 s),
 //! `sleep-forever` (for `Duration::MAX`) and `poll` (`wasi:io/poll` on a 20 s
@@ -154,6 +154,10 @@ impl Plugin for Hostile {
                 fields.insert("other".into(), 1.into());
                 fields.insert("conditions".into(), json!([]));
             }
+            // A declared field of the wrong type.
+            "mistyped-status" => {
+                fields.insert("mode".into(), 5.into());
+            }
             "status-loop" => {
                 let mut i: u64 = 0;
                 loop {
@@ -179,7 +183,7 @@ impl Plugin for Hostile {
             )],
             "ok" => vec![config_map(r, &r.name, ns, json!({ "mode": "ok" }))],
             // Contract 1.1: warnings with a good render, and a status that misbehaves.
-            "warn" | "many-warnings" | "undeclared-status" | "status-loop" => {
+            "warn" | "many-warnings" | "undeclared-status" | "mistyped-status" | "status-loop" => {
                 vec![config_map(r, &r.name, ns, json!({ "mode": mode }))]
             }
             // An autoscaling/v2 HPA, while the plugin also declares v1 (which the host may watch).
