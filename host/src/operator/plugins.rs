@@ -507,8 +507,7 @@ pub(crate) fn serve(
         }
         let events = Box::pin(events.map(|e| Item::Event(Box::new(e))));
         let retries = retries.map(Item::Retry);
-        let prepared =
-            prepared.map(|(name, ticket, result)| Item::Prepared(name, ticket, result));
+        let prepared = prepared.map(|(name, ticket, result)| Item::Prepared(name, ticket, result));
         let mut items = futures::stream::select(events, futures::stream::select(retries, prepared));
         // The first list is loaded whole (each Plugin served or refused) before the operator
         // says it has synced: a replica that becomes leader serves every Plugin before it

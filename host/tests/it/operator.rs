@@ -410,30 +410,7 @@ async fn a_hostile_plugin_stalls_its_resources_and_nothing_else() {
     let client = cp.client().await.unwrap();
     let ns = cp.namespace(&client, "hostile").await.unwrap();
     // The hostile plugin's CRD, from its own description.
-    let runtime = host::plugin::Runtime::new(
-        host::plugin::Limits::default(),
-        Some(crate::support::cache()),
-    )
-    .unwrap();
-    let hostile = runtime
-        .load_file(
-            std::path::Path::new(test_guests::HOSTILE),
-            &Default::default(),
-        )
-        .unwrap();
-    let crd = host::crd::crd(&hostile, &hostile.info().kinds[0]).unwrap();
-    let file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(file.path(), crd.to_string()).unwrap();
-    kubectl_ok(cp, &["apply", "-f", &file.path().display().to_string()]);
-    kubectl_ok(
-        cp,
-        &[
-            "wait",
-            "--for=condition=Established",
-            "crd/hostiles.test.wasm-operator.dev",
-            "--timeout=30s",
-        ],
-    );
+    crate::reporting::install_crds(cp, test_guests::HOSTILE);
 
     let op = Operator::start(cp, &ns, "hanzo.ai", &[PathBuf::from(test_guests::HOSTILE)]).await;
     let hostile = |name: &str, mode: &str| {

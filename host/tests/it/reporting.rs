@@ -13,7 +13,8 @@ use crate::operator::{
     Operator, apply, condition, eventually, get, kubectl, kubectl_ok, wait_ready,
 };
 
-/// The CRDs of the plugin at `wasm`, as `host crds --plugin` prints them, installed.
+/// The CRDs of the plugin at `wasm`, as `host crds --plugin` prints them, installed and
+/// Established.
 pub(crate) fn install_crds(cp: &ControlPlane, wasm: &str) {
     let runtime = host::plugin::Runtime::new(
         host::plugin::Limits::default(),
