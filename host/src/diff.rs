@@ -13,7 +13,7 @@ use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::GroupVersionKind;
 use kube::discovery::ApiResource;
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::operator::{FIELD_MANAGER, OWNER_LABEL};
 use crate::registry::{Registry, RenderError};
@@ -145,9 +145,10 @@ pub async fn diff(
     strict: bool,
 ) -> Report {
     let mut report = Report::default();
+    let mut found = Discovered::new();
     for resource in resources {
         let owner = format!("{}/{}", resource.kind, resource.name);
-        match diff_one(client, registry, resource, strict, &owner).await {
+        match diff_one(client, &mut found, registry, resource, strict, &owner).await {
             Ok(entries) => report.entries.extend(entries),
             Err(e) => report
                 .errors
@@ -168,6 +169,7 @@ pub async fn listed(
 ) -> Result<(Vec<Resource>, Vec<String>), Error> {
     let mut out = Vec::new();
     let mut notes = Vec::new();
+    let mut found = Discovered::new();
     for (_, kind) in registry
         .kinds()
         .filter(|(p, _)| !given_only || !p.source().starts_with("built-in "))
@@ -175,7 +177,7 @@ pub async fn listed(
         let gvk = GroupVersionKind::gvk(&kind.group, &kind.versions[0], &kind.kind);
         // A Kind whose CRD is not installed yet (before a switch from the earlier operator)
         // has nothing in the cluster to preview.
-        let Ok(ar) = discover(client, &gvk).await else {
+        let Ok(ar) = discover(client, &mut found, &gvk).await else {
             notes.push(format!(
                 "{}.{} is not served by the cluster (its CRD is not installed): nothing of it to preview",
                 kind.plural, kind.group
@@ -187,35 +189,26 @@ pub async fn listed(
             None => Api::all_with(client.clone(), &ar),
         };
         for obj in api.list(&ListParams::default()).await?.items {
-            out.push(resource_of(&obj, &ar));
+            out.push(crate::operator::plugin_resource(&obj, &ar));
         }
     }
     Ok((out, notes))
 }
 
-/// A resource read from the cluster, as the operator hands it to its plugin.
-fn resource_of(obj: &DynamicObject, ar: &ApiResource) -> Resource {
-    let meta = &obj.metadata;
-    Resource {
-        api_version: ar.api_version.clone(),
-        kind: ar.kind.clone(),
-        name: meta.name.clone().unwrap_or_default(),
-        namespace: meta.namespace.clone().unwrap_or_default(),
-        uid: meta.uid.clone().unwrap_or_default(),
-        generation: meta.generation.unwrap_or(0),
-        labels: meta.labels.clone().unwrap_or_default(),
-        annotations: meta.annotations.clone().unwrap_or_default(),
-        spec: obj
-            .data
-            .get("spec")
-            .filter(|s| s.is_object())
-            .cloned()
-            .unwrap_or_else(|| json!({})),
-    }
-}
+/// The API resources discovered so far, by `group/version/Kind`: each asked of the API server
+/// once per preview, not once per object.
+type Discovered = std::collections::BTreeMap<String, ApiResource>;
 
-async fn discover(client: &kube::Client, gvk: &GroupVersionKind) -> Result<ApiResource, Error> {
-    kube::discovery::pinned_kind(client, gvk)
+async fn discover(
+    client: &kube::Client,
+    found: &mut Discovered,
+    gvk: &GroupVersionKind,
+) -> Result<ApiResource, Error> {
+    let key = format!("{}/{}/{}", gvk.group, gvk.version, gvk.kind);
+    if let Some(ar) = found.get(&key) {
+        return Ok(ar.clone());
+    }
+    let ar = kube::discovery::pinned_kind(client, gvk)
         .await
         .map(|(ar, _)| ar)
         .map_err(|e| {
@@ -223,18 +216,26 @@ async fn discover(client: &kube::Client, gvk: &GroupVersionKind) -> Result<ApiRe
                 "the cluster does not serve {}/{} {}: {e}",
                 gvk.group, gvk.version, gvk.kind
             ))
-        })
+        })?;
+    found.insert(key, ar.clone());
+    Ok(ar)
 }
 
 async fn diff_one(
     client: &kube::Client,
+    found: &mut Discovered,
     registry: &Registry,
     file: &Resource,
     strict: bool,
     owner: &str,
 ) -> Result<Vec<Entry>, Error> {
     let (group, version) = crate::registry::split_api_version(&file.api_version);
-    let ar = discover(client, &GroupVersionKind::gvk(group, version, &file.kind)).await?;
+    let ar = discover(
+        client,
+        found,
+        &GroupVersionKind::gvk(group, version, &file.kind),
+    )
+    .await?;
     let owners: Api<DynamicObject> = Api::namespaced_with(client.clone(), &file.namespace, &ar);
     // The resource as the operator would see it: the file's spec and metadata, on the live
     // object's uid and generation (none when it is not in the cluster yet).
@@ -264,14 +265,9 @@ async fn diff_one(
                 &resource.uid,
             );
         }
-        let api_version = object["apiVersion"].as_str().unwrap_or_default().to_owned();
-        let kind = object["kind"].as_str().unwrap_or_default().to_owned();
-        let name = object["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
+        let (api_version, kind, name) = crate::operator::identity(&object);
         let (g, v) = crate::registry::split_api_version(&api_version);
-        let child_ar = discover(client, &GroupVersionKind::gvk(g, v, &kind)).await?;
+        let child_ar = discover(client, found, &GroupVersionKind::gvk(g, v, &kind)).await?;
         desired.insert((child_ar.group.clone(), kind.clone(), name.clone()));
         let api: Api<DynamicObject> =
             Api::namespaced_with(client.clone(), &resource.namespace, &child_ar);
@@ -298,15 +294,15 @@ async fn diff_one(
         match live {
             None => {
                 // What is created: what the operator sends, without the server's defaults.
-                let (_, shown) = mask_secrets(&kind, Value::Null, comparable(&object, &kind));
+                let (_, shown) = mask_secrets(&kind, Value::Null, comparable(&object));
                 entries.push(entry(
                     Action::Create,
                     unified(&label, &Value::Null, &shown, None),
                 ));
             }
             Some(live) => {
-                let before = comparable(&serde_json::to_value(&live).unwrap_or_default(), &kind);
-                let after = comparable(&after, &kind);
+                let before = comparable(&serde_json::to_value(&live).unwrap_or_default());
+                let after = comparable(&after);
                 let (before, after) = mask_secrets(&kind, before, after);
                 if before == after {
                     entries.push(entry(Action::Unchanged, String::new()));
@@ -333,7 +329,7 @@ async fn diff_one(
                 continue;
             }
             let gvk = GroupVersionKind::gvk(&child.group, &child.version, &child.kind);
-            let Ok(child_ar) = discover(client, &gvk).await else {
+            let Ok(child_ar) = discover(client, found, &gvk).await else {
                 continue;
             };
             let api: Api<DynamicObject> =
@@ -350,8 +346,7 @@ async fn diff_one(
                     continue;
                 }
                 let label = format!("{}/{name}", child.kind);
-                let before =
-                    comparable(&serde_json::to_value(&obj).unwrap_or_default(), &child.kind);
+                let before = comparable(&serde_json::to_value(&obj).unwrap_or_default());
                 let (before, _) = mask_secrets(&child.kind, before, Value::Null);
                 entries.push(Entry {
                     action: Action::Delete,
@@ -398,7 +393,7 @@ fn not_ours(live: &DynamicObject, resource: &Resource) -> Option<String> {
 
 /// The object without what changes on every write or is not the operator's to set: status,
 /// and the metadata the server keeps.
-fn comparable(object: &Value, kind: &str) -> Value {
+fn comparable(object: &Value) -> Value {
     let mut o = object.clone();
     if let Some(map) = o.as_object_mut() {
         map.remove("status");
@@ -421,7 +416,6 @@ fn comparable(object: &Value, kind: &str) -> Value {
             }
         }
     }
-    let _ = kind;
     o
 }
 
@@ -484,6 +478,8 @@ fn unified(label: &str, before: &Value, after: &Value, context: Option<usize>) -
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     #[test]
@@ -519,8 +515,8 @@ mod tests {
         let mut rendered = live.clone();
         rendered["spec"]["replicas"] = 3.into();
         rendered["metadata"]["resourceVersion"] = "8".into();
-        let before = comparable(&live, "Deployment");
-        let after = comparable(&rendered, "Deployment");
+        let before = comparable(&live);
+        let after = comparable(&rendered);
         let text = unified("Deployment/web", &before, &after, Some(3));
         let changed: Vec<&str> = text
             .lines()

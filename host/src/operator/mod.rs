@@ -1056,6 +1056,36 @@ fn trim_resource(obj: &mut DynamicObject) {
 
 /// A stored resource's `spec` or `status` (see [`trim_resource`]): parsed back from its compact
 /// text, or as it is in an object that was not stored (a test's, say).
+/// A resource of a served Kind (`ar`) as its plugin gets it: its metadata, and its spec (an
+/// empty object when it has none).
+pub fn plugin_resource(obj: &DynamicObject, ar: &ApiResource) -> crate::types::Resource {
+    let meta = &obj.metadata;
+    let map = |m: &Option<BTreeMap<String, String>>| m.clone().unwrap_or_default();
+    crate::types::Resource {
+        api_version: ar.api_version.clone(),
+        kind: ar.kind.clone(),
+        name: meta.name.clone().unwrap_or_default(),
+        namespace: meta.namespace.clone().unwrap_or_default(),
+        uid: meta.uid.clone().unwrap_or_default(),
+        generation: meta.generation.unwrap_or(0),
+        labels: map(&meta.labels),
+        annotations: map(&meta.annotations),
+        spec: stored(obj, "spec")
+            .filter(serde_json::Value::is_object)
+            .unwrap_or_else(|| serde_json::json!({})),
+    }
+}
+
+/// `apiVersion`, `kind` and `metadata.name` of a rendered object (empty when absent).
+pub(crate) fn identity(object: &serde_json::Value) -> (String, String, String) {
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+    (
+        text(&object["apiVersion"]),
+        text(&object["kind"]),
+        text(&object["metadata"]["name"]),
+    )
+}
+
 pub(crate) fn stored(obj: &DynamicObject, field: &str) -> Option<serde_json::Value> {
     match obj.data.get(field)? {
         serde_json::Value::String(text) => serde_json::from_str(text).ok(),

@@ -325,16 +325,10 @@ impl Standby {
         let shared = ready.clone();
         let task = tokio::spawn(async move {
             let mut events = std::pin::pin!(events);
-            // Each Plugin is prepared on its own task: a silent registry holds back only its
-            // own Plugins.
-            // Owned by a set, so that when this task stops (the replica leads) they stop too.
+            // Each Plugin is prepared on its own task, so a silent registry holds back only its
+            // own Plugins; the tasks are owned by a set, so they stop with this one.
             let mut set = tokio::task::JoinSet::new();
             let mut tasks: BTreeMap<String, tokio::task::AbortHandle> = BTreeMap::new();
-            let count = |ready: &std::sync::Mutex<BTreeMap<String, Prepared>>| {
-                metrics
-                    .plugins_prefetched
-                    .set(i64::try_from(lock(ready).len()).unwrap_or(i64::MAX));
-            };
             // The Plugins of the list in progress: those not in it were deleted meanwhile.
             let mut listing: Option<std::collections::BTreeSet<String>> = None;
             while let Some(event) = events.next().await {
@@ -378,9 +372,7 @@ impl Standby {
                                         tracing::info!(plugin = %name, reason = r.reason, "not loaded while standing by: {}", r.message);
                                     }
                                 }
-                                metrics
-                                    .plugins_prefetched
-                                    .set(i64::try_from(lock(&ready).len()).unwrap_or(i64::MAX));
+                                count_ready(&metrics, &ready);
                             }),
                         );
                     }
@@ -407,7 +399,7 @@ impl Standby {
                 }
                 while set.try_join_next().is_some() {}
                 tasks.retain(|_, task| !task.is_finished());
-                count(&shared);
+                count_ready(&metrics, &shared);
             }
         });
         Self { task, ready }
@@ -418,6 +410,13 @@ impl Standby {
         self.task.abort();
         std::mem::take(&mut *lock(&self.ready))
     }
+}
+
+/// Says in `wasm_operator_plugins_prefetched` how many Plugins a standby holds ready.
+fn count_ready(metrics: &super::Metrics, ready: &std::sync::Mutex<BTreeMap<String, Prepared>>) {
+    metrics
+        .plugins_prefetched
+        .set(i64::try_from(lock(ready).len()).unwrap_or(i64::MAX));
 }
 
 /// What preparing the plugin of a Plugin came to: its name, the ticket of that preparation,

@@ -229,6 +229,15 @@ async fn plugin_status(
 ) -> Result<serde_json::Map<String, Value>, RenderError> {
     let shared = &ctx.shared;
     let registry = shared.registry();
+    // Most plugins compute no status (every 1.0 plugin): nothing to observe, no call to make.
+    let computes = registry
+        .lookup(&owner.resource.api_version, &owner.resource.kind)
+        .map_or(true, |(plugin, kind)| {
+            plugin.reports() && kind.status_schema.is_some()
+        });
+    if !computes {
+        return Ok(serde_json::Map::new());
+    }
     let observed: Vec<crate::types::ObservedChild> = children
         .iter()
         .filter_map(|c| {
@@ -305,21 +314,7 @@ pub(crate) struct Owner {
 
 impl Owner {
     fn of(obj: &DynamicObject, ctx: &KindCtx) -> Self {
-        let meta = &obj.metadata;
-        let map = |m: &Option<BTreeMap<String, String>>| m.clone().unwrap_or_default();
-        let resource = PluginResource {
-            api_version: ctx.ar.api_version.clone(),
-            kind: ctx.ar.kind.clone(),
-            name: obj.name_any(),
-            namespace: obj.namespace().unwrap_or_default(),
-            uid: meta.uid.clone().unwrap_or_default(),
-            generation: meta.generation.unwrap_or(0),
-            labels: map(&meta.labels),
-            annotations: map(&meta.annotations),
-            spec: super::stored(obj, "spec")
-                .filter(Value::is_object)
-                .unwrap_or_else(|| json!({})),
-        };
+        let resource = super::plugin_resource(obj, &ctx.ar);
         let adopt = resource
             .annotations
             .get(ADOPT_ANNOTATION)
@@ -596,12 +591,7 @@ pub(crate) fn plan(objects: Vec<Value>, owner: &Owner, view: &impl View) -> Plan
     let r = &owner.resource;
     let mut plan = Plan::default();
     for mut child in objects {
-        let api_version = child["apiVersion"].as_str().unwrap_or_default().to_owned();
-        let kind = child["kind"].as_str().unwrap_or_default().to_owned();
-        let name = child["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
+        let (api_version, kind, name) = super::identity(&child);
         let key = kind_key(&api_version, &kind);
         plan.desired.insert((key.clone(), name.clone()));
         let ar = match view.target(&gvk_key(&api_version, &kind)) {

@@ -90,15 +90,23 @@ pub(super) fn observed_child(c: &crate::types::ObservedChild) -> wit::ObservedCh
 }
 
 /// Status schemas as the host keeps them: by (group, Kind), each checked to be a JSON object
-/// schema of type `object` with `properties`, none of them the host's own.
+/// schema of type `object` with `properties`, none of them the host's own, its `$ref`s inlined.
 pub(super) fn status_schemas(
     schemas: Vec<wit::StatusSchema>,
 ) -> Result<Vec<(String, String, serde_json::Value)>, String> {
     schemas
         .into_iter()
         .map(|s| {
-            let schema: serde_json::Value = serde_json::from_str(&s.schema)
+            let mut schema: serde_json::Value = serde_json::from_str(&s.schema)
                 .map_err(|e| format!("the status schema of {} is not JSON: {e}", s.kind))?;
+            // Kubernetes types named by `$ref`, inlined once: each status call is checked
+            // against it.
+            crate::crd::inline_refs(&mut schema).map_err(|reference| {
+                format!(
+                    "the status schema of {} names {reference}, which is not a Kubernetes type this host knows",
+                    s.kind
+                )
+            })?;
             if schema.get("type").and_then(serde_json::Value::as_str) != Some("object") {
                 return Err(format!(
                     "the status schema of {} must be of type object",

@@ -591,22 +591,19 @@ impl Plugin {
         }
         // Each value as its schema says, as the API server will check it: one it refused would
         // hold back the whole status, the host's conditions with it.
-        let mut schema = schema.clone();
-        if crate::crd::inline_refs(&mut schema).is_ok() {
-            let fields = Value::Object(fields);
-            crate::schema::check(
-                &schema,
-                &fields,
-                "status",
-                crate::schema::UnknownFields::Refuse,
-            )
-            .map_err(|e| PluginError::BadStatus(e.to_string()))?;
-            let Value::Object(fields) = fields else {
-                return Ok(None);
-            };
-            return Ok(Some(fields));
+        // (Its `$ref`s were inlined when the plugin described itself.)
+        let fields = Value::Object(fields);
+        crate::schema::check(
+            schema,
+            &fields,
+            "status",
+            crate::schema::UnknownFields::Refuse,
+        )
+        .map_err(|e| PluginError::BadStatus(e.to_string()))?;
+        match fields {
+            Value::Object(fields) => Ok(Some(fields)),
+            _ => Ok(None),
         }
-        Ok(Some(fields))
     }
 
     /// One instance kept for several renders, for measuring what isolation costs. A session

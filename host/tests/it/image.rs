@@ -139,16 +139,12 @@ async fn the_image_runs_as_the_in_cluster_operator() {
     // the ClusterRole rules `host rbac --no-builtins --plugin FILE` prints, in
     // plugins.extraRules (here, for the JavaScript example plugin).
     let plugin_wasm = testenv::static_site_plugin().expect("scripts/js-plugin builds it");
-    let rbac = Command::new(env!("CARGO_BIN_EXE_host"))
-        .args(["rbac", "--no-builtins", "--plugin"])
-        .arg(&plugin_wasm)
-        .env(
-            "WASM_OPERATOR_CACHE",
-            std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
-        )
-        .output()
-        .unwrap();
-    let rbac = crate::support::succeeded("host rbac", rbac);
+    let rbac = crate::support::host_ok(&[
+        "rbac",
+        "--no-builtins",
+        "--plugin",
+        &plugin_wasm.display().to_string(),
+    ]);
     let rules = host::documents::parse("host rbac", &rbac)
         .unwrap()
         .into_iter()

@@ -77,6 +77,15 @@ impl Operator {
             cluster_domain: "cluster.local".to_owned(),
         };
         let registry = host::registry::Registry::load(&runtime, ctx, true, extra).unwrap();
+        Self::run(client, registry, settings)
+    }
+
+    /// An operator serving `registry`, run with `settings` exactly.
+    pub(crate) fn run(
+        client: kube::Client,
+        registry: host::registry::Registry,
+        settings: host::operator::Settings,
+    ) -> Self {
         let metrics = settings.metrics_addr;
         let (tx, rx) = tokio::sync::oneshot::channel();
         let task = tokio::spawn(host::operator::run(
@@ -101,6 +110,18 @@ impl Operator {
 
     fn scrape(&self) -> String {
         self.get("/metrics")
+    }
+
+    /// The value of the metric `name` (without labels), once it is exported.
+    pub(crate) fn metric(&self, name: &str) -> Option<f64> {
+        self.scrape()
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    /// Whether its run has ended.
+    pub(crate) fn is_finished(&self) -> bool {
+        self.task.is_finished()
     }
 
     /// Whether `/readyz` answers 200.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::Value;
 use testenv::{ControlPlane, Registry, RegistryOptions};
 
-use crate::operator::{apply, eventually, get, kubectl, kubectl_ok, wait_ready};
+use crate::operator::{Operator, apply, eventually, get, kubectl, kubectl_ok, wait_ready};
 
 /// Two replicas: the standby pulls, compiles and checks every Plugin while it waits for the
 /// Lease, so when the leader goes it serves them at once, with the registry down and nothing
@@ -37,7 +37,7 @@ async fn a_standby_has_the_plugins_loaded_when_it_becomes_leader() {
         identity: identity.to_owned(),
         ..settings_for(&runtime, store)
     };
-    let a = LiveOperator::start(
+    let a = Operator::run(
         cp.client().await.unwrap(),
         base(),
         replica("replica-a", store_a.path()),
@@ -50,7 +50,7 @@ async fn a_standby_has_the_plugins_loaded_when_it_becomes_leader() {
         holder().as_deref() == Some("replica-a")
     })
     .await;
-    let b = LiveOperator::start(
+    let b = Operator::run(
         cp.client().await.unwrap(),
         base(),
         replica("replica-b", store_b.path()),
@@ -133,57 +133,6 @@ fn ready(status: &Value) -> (String, String, String) {
     (s("status"), s("reason"), s("message"))
 }
 
-/// An operator running in this test, serving `Plugin` resources.
-struct LiveOperator {
-    stop: tokio::sync::oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<Result<(), host::operator::Error>>,
-    metrics: std::net::SocketAddr,
-}
-
-impl LiveOperator {
-    fn start(
-        client: kube::Client,
-        registry: host::registry::Registry,
-        settings: host::operator::Settings,
-    ) -> Self {
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let metrics = settings.metrics_addr;
-        let task = tokio::spawn(host::operator::run(
-            client,
-            registry,
-            settings,
-            async move {
-                let _ = stopped.await;
-            },
-        ));
-        Self {
-            stop,
-            task,
-            metrics,
-        }
-    }
-
-    /// The value of the metric `name` (without labels), once it is exported.
-    fn metric(&self, name: &str) -> Option<f64> {
-        crate::operator::http_get(self.metrics, "/metrics")
-            .lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-    }
-
-    fn is_finished(&self) -> bool {
-        self.task.is_finished()
-    }
-
-    async fn stop(self) {
-        let _ = self.stop.send(());
-        let ended = tokio::time::timeout(Duration::from_secs(30), self.task).await;
-        assert!(
-            matches!(ended, Ok(Ok(Ok(())))),
-            "the operator did not stop cleanly: {ended:?}"
-        );
-    }
-}
-
 /// `kubectl wait --for=condition=CONDITION WHAT` (cluster-scoped objects).
 pub(crate) fn wait_for(cp: &ControlPlane, condition: &str, what: &str) {
     kubectl_ok(
@@ -244,7 +193,7 @@ async fn a_plugin_resource_is_served_upgraded_kept_on_a_bad_version_and_dropped_
     .unwrap();
     let base = host::registry::Registry::load(&runtime, Default::default(), false, &[]).unwrap();
     let settings = settings_for(&runtime, store.path());
-    let operator = LiveOperator::start(cp.client().await.unwrap(), base, settings);
+    let operator = Operator::run(cp.client().await.unwrap(), base, settings);
 
     // A Plugin whose registry takes connections and never answers (a listener nobody accepts
     // from): it holds back nothing but itself.
@@ -385,28 +334,21 @@ async fn a_plugin_resource_is_served_upgraded_kept_on_a_bad_version_and_dropped_
 
     // An operator whose ServiceAccount may serve Plugins (`host rbac --plugin-resources`) but
     // not what this plugin's Kinds need: the Plugin says which rule is missing.
-    let rbac = std::process::Command::new(env!("CARGO_BIN_EXE_host"))
-        .args([
-            "rbac",
-            "--no-builtins",
-            "--plugin-resources",
-            "--namespace",
-            "default",
-        ])
-        .args(["--name", "limited"])
-        .env(
-            "WASM_OPERATOR_CACHE",
-            std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
-        )
-        .output()
-        .unwrap();
-    let rbac = crate::support::succeeded("host rbac", rbac);
+    let rbac = crate::support::host_ok(&[
+        "rbac",
+        "--no-builtins",
+        "--plugin-resources",
+        "--namespace",
+        "default",
+        "--name",
+        "limited",
+    ]);
     apply_cluster(&cp, &rbac);
     let limited = cp
         .service_account_client(&admin, "default", "limited")
         .await
         .unwrap();
-    let operator = LiveOperator::start(
+    let operator = Operator::run(
         limited,
         host::registry::Registry::load(&runtime, Default::default(), false, &[]).unwrap(),
         settings_for(&runtime, store.path()),
@@ -471,7 +413,7 @@ async fn a_javascript_plugin_is_pushed_loaded_by_a_plugin_resource_and_reconcile
         Some(crate::support::cache()),
     )
     .unwrap();
-    let operator = LiveOperator::start(
+    let operator = Operator::run(
         cp.client().await.unwrap(),
         host::registry::Registry::load(&runtime, Default::default(), false, &[]).unwrap(),
         settings_for(&runtime, cache.path()),

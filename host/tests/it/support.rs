@@ -83,3 +83,16 @@ pub fn succeeded(what: &str, out: std::process::Output) -> String {
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// The stdout of `host ARGS`, run with the CLI tests' compile cache, asserting that it succeeded.
+pub fn host_ok(args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_host"))
+        .args(args)
+        .env(
+            "WASM_OPERATOR_CACHE",
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
+        )
+        .output()
+        .expect("host runs");
+    succeeded(&format!("host {}", args.join(" ")), out)
+}
