@@ -103,6 +103,8 @@ pub fn run(
     let cp = testenv::ControlPlane::start().map_err(Error::ControlPlane)?;
     let kubeconfig = cp.kubeconfig().display().to_string();
     let result = start_up(&cp, &registry, &interrupted, started).and_then(|()| {
+        // A Ctrl-C while the CRDs were installed: the operator is not started at all.
+        interrupted()?;
         runtime.block_on(operate(
             &cp,
             registry,

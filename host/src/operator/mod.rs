@@ -894,8 +894,19 @@ impl Controllers {
             if let Some(k) = lock(&self.kinds).get_mut(&key) {
                 k.rescans.push(rescan);
             }
-            let mut stop = self.stopping.clone();
-            let mut kind_stop = kind_stop.clone();
+            // The operator stops, or this Kind is no longer served.
+            let stopped = {
+                let (stop, kind_stop) = (self.stopping.clone(), kind_stop.clone());
+                move || {
+                    let (mut stop, mut kind_stop) = (stop.clone(), kind_stop.clone());
+                    async move {
+                        tokio::select! {
+                            _ = stop.wait_for(|s| *s) => {}
+                            _ = kind_stop.wait_for(|s| *s) => {}
+                        }
+                    }
+                }
+            };
             // A resource is rendered again when what its render reads changes (spec, labels,
             // annotations), not when only its status does: most of its updates are our own
             // status writes. Children's events, resyncs and retries reach it through the
@@ -912,19 +923,14 @@ impl Controllers {
                     .applied_objects()
                     .predicate_filter(render_input, PredicateConfig::default());
             let name = watch.clone();
+            let watch_name = watch.clone();
             let run = Controller::for_stream_with(trigger, reader, ar.clone())
                 .with_config(
                     kube::runtime::controller::Config::default().concurrency(settings.concurrency),
                 )
                 .reconcile_on(rx)
                 .reconcile_all_on(rescanned)
-                .graceful_shutdown_on(async move {
-                    // The operator stops, or this Kind is no longer served.
-                    tokio::select! {
-                        _ = stop.wait_for(|s| *s) => {}
-                        _ = kind_stop.wait_for(|s| *s) => {}
-                    }
-                })
+                .graceful_shutdown_on(stopped())
                 .run(reconcile::reconcile, reconcile::error_policy, ctx.clone())
                 .for_each(move |result| {
                     // A reconciler's failure was logged and counted by `reconcile`; anything
@@ -936,6 +942,24 @@ impl Controllers {
                     }
                     futures::future::ready(())
                 });
+            // kube holds a controller's runner until its store has listed, through a graceful
+            // shutdown too: a watch whose list is refused (no RBAC for it) or never answered
+            // would hold the operator's shutdown forever. Nothing of such a Kind can be
+            // reconciling (nothing is before the list), so its controller is dropped at once.
+            let unlisted = done.clone();
+            let run = async move {
+                tokio::select! {
+                    () = run => {}
+                    () = async move {
+                        stopped().await;
+                        if *unlisted.borrow() {
+                            std::future::pending::<()>().await;
+                        }
+                    } => {
+                        tracing::debug!(controller = %watch_name, "stopped before its first list");
+                    }
+                }
+            };
             tracing::info!(controller = %watch, %plugin, "controller started");
             let mut running = lock(&self.running);
             // Controllers of Kinds stopped since (a plugin upgraded or removed) are let go.

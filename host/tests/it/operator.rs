@@ -874,6 +874,69 @@ async fn watching_some_namespaces_it_needs_and_touches_those_alone() {
     op.stop().await;
 }
 
+/// An operator may not list every Kind it serves (its RBAC grants one plugin's Kinds only): the
+/// watches it may not list are refused over and over, and a stop still ends it (kube holds a
+/// controller until its first list, graceful shutdown or not; the operator lets such a
+/// controller go).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kinds_it_may_not_list_do_not_hold_up_its_stop() {
+    let cp = cluster();
+    let _logs = cp.logs_on_failure();
+    let admin = cp.client().await.unwrap();
+    let ns = cp.namespace(&admin, "unlisted").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let datastore = host::plugin::BUILTINS
+        .iter()
+        .find(|b| b.name == "datastore")
+        .unwrap();
+    let wasm = dir.path().join("datastore.wasm");
+    std::fs::write(&wasm, datastore.wasm).unwrap();
+    let rbac = crate::support::host_ok(&[
+        "rbac",
+        "--no-builtins",
+        "--plugin",
+        &wasm.display().to_string(),
+        "--namespace",
+        &ns,
+        "--name",
+        &ns,
+        "--watch-namespace",
+        &ns,
+    ]);
+    crate::plugins::apply_cluster(cp, &rbac);
+    let client = cp.service_account_client(&admin, &ns, &ns).await.unwrap();
+    // It serves every built-in plugin's Kinds.
+    let op = Operator::start_settings(
+        client,
+        "hanzo.ai",
+        &[],
+        settings(vec![ns.clone()], &ns, "unlisted"),
+    )
+    .await;
+    eventually(
+        "the list of services.hanzo.ai to be refused",
+        Duration::from_secs(60),
+        || {
+            op.scrape().lines().any(|l| {
+                l.starts_with("wasm_operator_watch_errors_total{")
+                    && l.contains("services.hanzo.ai")
+            })
+        },
+    )
+    .await;
+    // The Kinds it may list are watched meanwhile.
+    assert!(
+        !op.scrape().lines().any(|l| {
+            l.starts_with("wasm_operator_watch_errors_total{") && l.contains("datastores.hanzo.ai")
+        }),
+        "{}",
+        op.scrape()
+    );
+    let stopping = Instant::now();
+    op.finish().await.unwrap();
+    println!("stopped in {:?}", stopping.elapsed());
+}
+
 /// The `Ready` condition's reason and message of `what`, once its reason is `reason`.
 async fn wait_reason(cp: &ControlPlane, ns: &str, what: &str, reason: &str) -> Value {
     let mut last = None;
