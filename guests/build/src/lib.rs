@@ -72,6 +72,22 @@ fn checkout_dir_name(root: &Path) -> String {
     format!("{name}-{hash:016x}")
 }
 
+/// The rustc flags that write this machine's paths (cargo's home, the checkout) as fixed ones.
+fn remap_flags(root: &Path) -> Vec<String> {
+    let cargo_home = env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| env::var_os("HOME").map(|home| PathBuf::from(home).join(".cargo")));
+    let mut flags = Vec::new();
+    if let Some(cargo_home) = cargo_home {
+        flags.push(format!(
+            "--remap-path-prefix={}=/cargo",
+            cargo_home.display()
+        ));
+    }
+    flags.push(format!("--remap-path-prefix={}=/src", root.display()));
+    flags
+}
+
 /// Builds each package and returns the path of its component, in order. Panics (failing the
 /// build script, with cargo's output above) when a build fails.
 pub fn build(packages: &[&str]) -> Vec<PathBuf> {
@@ -124,6 +140,10 @@ pub fn build_variant(packages: &[&str], features: &[&str], variant: &str) -> Vec
             ] {
                 cmd.env_remove(var);
             }
+            // Panic messages name the source files of the crates they come from: the paths of
+            // the machine that built the component (cargo's registry under CARGO_HOME) would make
+            // its bytes, and its digest, differ from one machine to the next.
+            cmd.env("CARGO_ENCODED_RUSTFLAGS", remap_flags(&root).join("\x1f"));
             let status = cmd
                 .status()
                 .unwrap_or_else(|e| panic!("could not run cargo for {package}: {e}"));

@@ -31,6 +31,31 @@ fn rendering_twice_gives_the_same_bytes() {
     }
 }
 
+/// The built-in plugins name no path of the machine that built them (cargo's registry, the
+/// checkout), so their digests (in `host --version` and the image's labels) are the same wherever
+/// the same source is built with the same toolchain.
+#[test]
+fn the_built_in_plugins_name_no_path_of_the_machine_that_built_them() {
+    let cargo_home = std::env::var_os("CARGO_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cargo")))
+        .expect("CARGO_HOME or HOME");
+    let root = crate::support::root();
+    for builtin in host::plugin::BUILTINS {
+        for path in [&cargo_home, &root] {
+            let path = path.display().to_string();
+            assert!(
+                !builtin
+                    .wasm
+                    .windows(path.len())
+                    .any(|w| w == path.as_bytes()),
+                "the {} plugin names {path}",
+                builtin.name
+            );
+        }
+    }
+}
+
 #[test]
 fn the_component_renders_what_the_native_library_renders() {
     let ctx = Context::default();
