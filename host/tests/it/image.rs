@@ -123,6 +123,25 @@ fn the_image_is_static_scratch_and_labelled_with_the_versions() {
         "--version",
     ]);
     assert_eq!(out, version);
+    // Reproducible on any machine: the binary names no path of the machine that built it.
+    let created = podman_ok(&["create", "--pull=never", &image]);
+    let container = Container(created.trim().to_owned());
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("host");
+    podman_ok(&[
+        "cp",
+        &format!("{}:/usr/local/bin/host", container.0),
+        &copy.display().to_string(),
+    ]);
+    let text = String::from_utf8_lossy(&std::fs::read(&copy).unwrap()).into_owned();
+    let cargo_home = std::env::var_os("CARGO_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cargo")))
+        .expect("CARGO_HOME or HOME");
+    for path in [cargo_home, crate::support::root()] {
+        let path = format!("{}/", path.display());
+        assert!(!text.contains(&path), "the image's host names {path}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
