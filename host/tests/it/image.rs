@@ -134,11 +134,7 @@ fn the_image_is_static_scratch_and_labelled_with_the_versions() {
         &copy.display().to_string(),
     ]);
     let text = String::from_utf8_lossy(&std::fs::read(&copy).unwrap()).into_owned();
-    let cargo_home = std::env::var_os("CARGO_HOME")
-        .map(std::path::PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cargo")))
-        .expect("CARGO_HOME or HOME");
-    for path in [cargo_home, crate::support::root()] {
+    for path in [crate::support::cargo_home(), crate::support::root()] {
         let path = format!("{}/", path.display());
         assert!(!text.contains(&path), "the image's host names {path}");
     }

@@ -36,10 +36,7 @@ fn rendering_twice_gives_the_same_bytes() {
 /// the same source is built with the same toolchain.
 #[test]
 fn the_built_in_plugins_name_no_path_of_the_machine_that_built_them() {
-    let cargo_home = std::env::var_os("CARGO_HOME")
-        .map(std::path::PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cargo")))
-        .expect("CARGO_HOME or HOME");
+    let cargo_home = crate::support::cargo_home();
     let root = crate::support::root();
     for builtin in host::plugin::BUILTINS {
         for path in [&cargo_home, &root] {

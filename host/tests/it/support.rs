@@ -96,3 +96,12 @@ pub fn host_ok(args: &[&str]) -> String {
         .expect("host runs");
     succeeded(&format!("host {}", args.join(" ")), out)
 }
+
+/// Cargo's home on this machine (`CARGO_HOME`, else `~/.cargo`): its registry's paths are what a
+/// build must not leave in what it makes.
+pub fn cargo_home() -> PathBuf {
+    std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
+        .expect("CARGO_HOME or HOME")
+}
