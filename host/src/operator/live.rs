@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube::core::{DynamicResourceScope, Resource};
 use kube::discovery::ApiResource;
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Deserializer, Serialize};
 
 /// A child object, read for reconciliation (see the module's documentation).
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -32,21 +32,22 @@ pub struct LiveChild {
 
 /// The fields of a child's status that readiness reads (`status::child_ready`): a workload's
 /// replica counts. The rest (conditions above all) is skipped unread: at 20,000 children it
-/// was tens of MiB of JSON values kept for nothing.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+/// was tens of MiB of JSON values kept for nothing. Written back as those fields, absent ones
+/// left out (what a 1.1 plugin's status call sees of a child).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct Counts {
     /// `status.observedGeneration`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// `status.availableReplicas` (Deployment).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub available_replicas: Option<i64>,
     /// `status.readyReplicas` (StatefulSet).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready_replicas: Option<i64>,
     /// `status.updatedReplicas`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub updated_replicas: Option<i64>,
 }
 

@@ -303,6 +303,13 @@ async fn prepare(
     }
 }
 
+/// A standby's preparation of one Plugin: the digest and limits it prepares.
+struct StandbyTask {
+    digest: Option<String>,
+    limits: Limits,
+    task: tokio::task::AbortHandle,
+}
+
 /// What a standby replica does while it waits for the Lease: it watches the `Plugin`s and
 /// makes each ready (pulled, compiled, checked, loaded) without writing anything, so that when
 /// it leads it serves them at once, with no pull or compile, even with the registry down.
@@ -328,7 +335,7 @@ impl Standby {
             // Each Plugin is prepared on its own task, so a silent registry holds back only its
             // own Plugins; the tasks are owned by a set, so they stop with this one.
             let mut set = tokio::task::JoinSet::new();
-            let mut tasks: BTreeMap<String, tokio::task::AbortHandle> = BTreeMap::new();
+            let mut tasks: BTreeMap<String, StandbyTask> = BTreeMap::new();
             // The Plugins of the list in progress: those not in it were deleted meanwhile.
             let mut listing: Option<std::collections::BTreeSet<String>> = None;
             while let Some(event) = events.next().await {
@@ -347,49 +354,62 @@ impl Standby {
                         let held = lock(&shared).get(&name).is_some_and(|p| {
                             p.reference.digest == reference.digest && p.limits == limits
                         });
-                        if held {
+                        // A preparation of this very spec goes on (the leader's status
+                        // writes and relists bring the same spec again and again).
+                        let preparing = tasks.get(&name).is_some_and(|t| {
+                            t.digest == reference.digest
+                                && t.limits == limits
+                                && !t.task.is_finished()
+                        });
+                        if held || preparing {
                             continue;
                         }
                         if let Some(old) = tasks.remove(&name) {
-                            old.abort();
+                            old.task.abort();
                         }
+                        let digest = reference.digest.clone();
                         let (live, ctx, ready, metrics) =
                             (live.clone(), ctx.clone(), shared.clone(), metrics.clone());
                         let task_name = name.clone();
+                        let task = set.spawn(async move {
+                            let name = task_name;
+                            match prepare(&live, &ctx, &name, reference, limits).await {
+                                Ok(p) => {
+                                    tracing::info!(plugin = %name, image = %p.reference, "loaded, ready for when this replica leads");
+                                    lock(&ready).insert(name, p);
+                                }
+                                // The leader says why in status; this replica tries again
+                                // when the Plugin changes.
+                                Err(r) => {
+                                    lock(&ready).remove(&name);
+                                    tracing::info!(plugin = %name, reason = r.reason, "not loaded while standing by: {}", r.message);
+                                }
+                            }
+                            count_ready(&metrics, &ready);
+                        });
                         tasks.insert(
                             name,
-                            set.spawn(async move {
-                                let name = task_name;
-                                match prepare(&live, &ctx, &name, reference, limits).await {
-                                    Ok(p) => {
-                                        tracing::info!(plugin = %name, image = %p.reference, "loaded, ready for when this replica leads");
-                                        lock(&ready).insert(name, p);
-                                    }
-                                    // The leader says why in status; this replica tries again
-                                    // when the Plugin changes.
-                                    Err(r) => {
-                                        lock(&ready).remove(&name);
-                                        tracing::info!(plugin = %name, reason = r.reason, "not loaded while standing by: {}", r.message);
-                                    }
-                                }
-                                count_ready(&metrics, &ready);
-                            }),
+                            StandbyTask {
+                                digest,
+                                limits,
+                                task,
+                            },
                         );
                     }
                     Ok(watcher::Event::Delete(o)) => {
                         let name = o.name_any();
                         if let Some(old) = tasks.remove(&name) {
-                            old.abort();
+                            old.task.abort();
                         }
                         lock(&shared).remove(&name);
                     }
                     Ok(watcher::Event::InitDone) => {
                         if let Some(listed) = listing.take() {
                             lock(&shared).retain(|name, _| listed.contains(name));
-                            tasks.retain(|name, task| {
+                            tasks.retain(|name, t| {
                                 let keep = listed.contains(name);
                                 if !keep {
-                                    task.abort();
+                                    t.task.abort();
                                 }
                                 keep
                             });
@@ -398,7 +418,7 @@ impl Standby {
                     Err(e) => tracing::debug!("standby's watch of Plugins: {e}"),
                 }
                 while set.try_join_next().is_some() {}
-                tasks.retain(|_, task| !task.is_finished());
+                tasks.retain(|_, t| !t.task.is_finished());
                 count_ready(&metrics, &shared);
             }
         });

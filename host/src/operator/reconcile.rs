@@ -177,7 +177,6 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
     let mut applied = apply(&plan, &owner, &ctx.shared).await?;
     applied.look_again |= moved;
     let pruned = prune(&owner, ctx, &plan.desired).await;
-    let current = current_status(ctx, obj);
     let fields = match plugin_status(&owner, ctx, &applied.children).await {
         Ok(fields) => fields,
         Err(e) => {
@@ -186,7 +185,7 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
                 field: "status".into(),
                 message: format!("its status fields were not computed: {e}"),
             });
-            plugin_fields(current.as_ref())
+            plugin_fields(current_status(ctx, obj).as_ref())
         }
     };
     report(
@@ -253,25 +252,15 @@ async fn plugin_status(
                     (live.replicas(), live.status.clone())
                 }
             };
-            let mut status = serde_json::Map::new();
-            if let Some(counts) = &counts {
-                for (field, value) in [
-                    ("observedGeneration", counts.observed_generation),
-                    ("readyReplicas", counts.ready_replicas),
-                    ("availableReplicas", counts.available_replicas),
-                    ("updatedReplicas", counts.updated_replicas),
-                ] {
-                    if let Some(v) = value {
-                        status.insert(field.into(), v.into());
-                    }
-                }
-            }
+            let status = counts
+                .and_then(|c| serde_json::to_value(c).ok())
+                .unwrap_or_else(|| Value::Object(serde_json::Map::new()));
             Some(crate::types::ObservedChild {
                 api_version: c.api_version.clone(),
                 kind: c.kind.clone(),
                 name: c.name.clone(),
                 replicas,
-                status: Value::Object(status),
+                status,
             })
         })
         .collect();

@@ -67,15 +67,28 @@ impl Pre {
     }
 }
 
-/// The warnings of a render, as the host's type.
-pub(super) fn warnings(warnings: Vec<wit::Warning>) -> Vec<crate::types::Warning> {
-    warnings
-        .into_iter()
-        .map(|w| crate::types::Warning {
-            field: w.field,
-            message: w.message,
+/// What a render returns: the manifests' texts and the warnings, or the plugin's error.
+pub(super) type Rendered = Result<(Vec<String>, Vec<wit::Warning>), wit::RenderError>;
+
+impl Instance {
+    /// Renders through `reporting.render` when the plugin exports it (manifests and warnings),
+    /// else through `reconciler.render` (manifests alone).
+    pub fn render(
+        &self,
+        store: &mut wasmtime::Store<Sandbox>,
+        resource: &wit::Resource,
+        ctx: &wit::Context,
+    ) -> wasmtime::Result<Rendered> {
+        Ok(match &self.reporting {
+            Some(r) => r
+                .call_render(store, resource, ctx)?
+                .map(|r| (r.manifests, r.warnings)),
+            None => self
+                .reconciler
+                .call_render(store, resource, ctx)?
+                .map(|m| (m, Vec::new())),
         })
-        .collect()
+    }
 }
 
 /// A child as the host observes it, as the WIT record.

@@ -526,15 +526,7 @@ impl Plugin {
         let wit_resource = bindings::resource(resource);
         let limits = self.inner.limits;
         let out = sandbox::call(&self.inner.pre, &self.inner.engine, limits, |p, store| {
-            Ok(match &p.reporting {
-                Some(r) => r
-                    .call_render(store, &wit_resource, &wit_ctx)?
-                    .map(|r| (r.manifests, r.warnings)),
-                None => p
-                    .reconciler
-                    .call_render(store, &wit_resource, &wit_ctx)?
-                    .map(|m| (m, Vec::new())),
-            })
+            p.render(store, &wit_resource, &wit_ctx)
         })?;
         capped_reported(out, limits)
     }
@@ -548,7 +540,7 @@ impl Plugin {
         children: &[crate::types::ObservedChild],
         ctx: &Context,
     ) -> std::result::Result<Option<serde_json::Map<String, Value>>, PluginError> {
-        let group = resource.api_version.split_once('/').map_or("", |(g, _)| g);
+        let (group, _) = crate::registry::split_api_version(&resource.api_version);
         let Some(schema) = self
             .kind(group, &resource.kind)
             .and_then(|k| k.status_schema.as_ref())
@@ -657,16 +649,7 @@ impl Session {
     ) -> std::result::Result<Vec<String>, PluginError> {
         sandbox::arm_deadline(&mut self.store, self.limits);
         let (resource, ctx) = (bindings::resource(resource), bindings::context(ctx));
-        let out = match &self.bindings.reporting {
-            Some(r) => r
-                .call_render(&mut self.store, &resource, &ctx)
-                .map(|r| r.map(|r| (r.manifests, r.warnings))),
-            None => self
-                .bindings
-                .reconciler
-                .call_render(&mut self.store, &resource, &ctx)
-                .map(|r| r.map(|m| (m, Vec::new()))),
-        };
+        let out = self.bindings.render(&mut self.store, &resource, &ctx);
         let out = sandbox::check(out, &self.store, &self.stderr, self.limits)?;
         Ok(capped_reported(out, self.limits)?.0)
     }
@@ -713,13 +696,7 @@ pub const MAX_WARNINGS: usize = 20;
 /// As [`capped`], for a render with warnings: the warnings count toward the output cap, at
 /// most [`MAX_WARNINGS`] are kept, each cut to what a condition can hold.
 fn capped_reported(
-    out: std::result::Result<
-        (
-            Vec<String>,
-            Vec<bindings::wasm_operator::plugin::types::Warning>,
-        ),
-        bindings::wasm_operator::plugin::types::RenderError,
-    >,
+    out: bindings::Rendered,
     limits: Limits,
 ) -> std::result::Result<(Vec<String>, Vec<crate::types::Warning>), PluginError> {
     let (manifests, warnings) = match out {
@@ -742,8 +719,9 @@ fn capped_reported(
             limit: limits.output_bytes,
         });
     }
-    let warnings = bindings::warnings(warnings.into_iter().take(MAX_WARNINGS).collect())
+    let warnings = warnings
         .into_iter()
+        .take(MAX_WARNINGS)
         .map(|w| crate::types::Warning {
             field: bounded(w.field, MAX_ERROR_FIELD),
             message: bounded(w.message, MAX_ERROR_MESSAGE),
