@@ -268,21 +268,16 @@ pub fn crd(plugin: &Plugin, kind: &KindInfo) -> Result<Value> {
     if spec_required {
         root["required"] = json!(["spec"]);
     }
-    // The fields the plugin computes (contract 1.1) beside the host's own.
-    if let Some(schema) = &kind.status_schema {
-        let mut schema = schema.clone();
-        inline_refs(&mut schema).map_err(|reference| Error::UnknownSchemaRef {
-            plugin: plugin.name().to_owned(),
-            kind: kind.kind.clone(),
-            reference,
-        })?;
-        if let (Some(theirs), Some(ours)) = (
+    // The fields the plugin computes (contract 1.1) beside the host's own (their `$ref`s were
+    // inlined when the plugin described itself).
+    if let Some(schema) = &kind.status_schema
+        && let (Some(theirs), Some(ours)) = (
             schema.get("properties").and_then(Value::as_object),
             root["properties"]["status"]["properties"].as_object_mut(),
-        ) {
-            for (name, field) in theirs {
-                ours.entry(name.clone()).or_insert_with(|| field.clone());
-            }
+        )
+    {
+        for (name, field) in theirs {
+            ours.entry(name.clone()).or_insert_with(|| field.clone());
         }
     }
     let columns: Vec<Value> = printer_columns(kind)

@@ -236,15 +236,21 @@ async fn diff_one(
         &GroupVersionKind::gvk(group, version, &file.kind),
     )
     .await?;
-    let owners: Api<DynamicObject> = Api::namespaced_with(client.clone(), &file.namespace, &ar);
     // The resource as the operator would see it: the file's spec and metadata, on the live
-    // object's uid and generation (none when it is not in the cluster yet).
-    let live_owner = owners.get_opt(&file.name).await?;
+    // object's uid and generation (none when it is not in the cluster yet). A resource read
+    // from the cluster (not `strict`) carries them already.
     let mut resource = file.clone();
-    if let Some(live) = &live_owner {
-        resource.uid = live.metadata.uid.clone().unwrap_or_default();
-        resource.generation = live.metadata.generation.unwrap_or(0);
-    }
+    let live_uid = if strict {
+        let owners: Api<DynamicObject> = Api::namespaced_with(client.clone(), &file.namespace, &ar);
+        let live = owners.get_opt(&file.name).await?;
+        if let Some(live) = &live {
+            resource.uid = live.metadata.uid.clone().unwrap_or_default();
+            resource.generation = live.metadata.generation.unwrap_or(0);
+        }
+        live.map(|_| resource.uid.clone())
+    } else {
+        Some(resource.uid.clone())
+    };
     let unknown = if strict {
         UnknownFields::Refuse
     } else {
@@ -316,8 +322,7 @@ async fn diff_one(
         }
     }
     // What the resource controls that the render no longer returns: pruned.
-    if let Some(live_owner) = &live_owner {
-        let uid = live_owner.metadata.uid.clone().unwrap_or_default();
+    if let Some(uid) = &live_uid {
         let plugin = registry
             .lookup(&resource.api_version, &resource.kind)
             .map_err(|e| Error::Discovery(e.to_string()))?

@@ -453,11 +453,10 @@ pub async fn run(
     };
     let (trigger_tx, _) = tokio::sync::broadcast::channel::<()>(1);
     let trigger_tx2 = trigger_tx.clone();
-    let (stopping_tx, mut stopping) = watch::channel(false);
+    let mut stopping = shared.stopping.subscribe();
     let halted = shared.clone();
     tokio::spawn(async move {
         trigger.await;
-        stopping_tx.send_replace(true);
         halted.stopping.send_replace(true);
         let _ = trigger_tx2.send(());
     });
@@ -1078,8 +1077,6 @@ fn trim_resource(obj: &mut DynamicObject) {
     }
 }
 
-/// A stored resource's `spec` or `status` (see [`trim_resource`]): parsed back from its compact
-/// text, or as it is in an object that was not stored (a test's, say).
 /// A resource of a served Kind (`ar`) as its plugin gets it: its metadata, and its spec (an
 /// empty object when it has none).
 pub fn plugin_resource(obj: &DynamicObject, ar: &ApiResource) -> crate::types::Resource {
@@ -1110,6 +1107,8 @@ pub(crate) fn identity(object: &serde_json::Value) -> (String, String, String) {
     )
 }
 
+/// A stored resource's `spec` or `status` (see [`trim_resource`]): parsed back from its compact
+/// text, or as it is in an object that was not stored (a test's, say).
 pub(crate) fn stored(obj: &DynamicObject, field: &str) -> Option<serde_json::Value> {
     match obj.data.get(field)? {
         serde_json::Value::String(text) => serde_json::from_str(text).ok(),
