@@ -371,25 +371,15 @@ async fn diff_one(
 /// Why the operator would leave `live` alone for `resource`: another owner controls it, or
 /// nobody does (and the resource does not ask to adopt).
 fn not_ours(live: &DynamicObject, resource: &Resource) -> Option<String> {
-    let controller = live
-        .metadata
-        .owner_references
-        .as_ref()
-        .and_then(|refs| refs.iter().find(|r| r.controller == Some(true)));
-    match controller {
-        Some(c) if !resource.uid.is_empty() && c.uid == resource.uid => None,
-        Some(c) => Some(format!(
+    use crate::operator::{Control, asks_adoption, control};
+    match control(&live.metadata, &resource.uid) {
+        Control::Us => None,
+        Control::Other(c) => Some(format!(
             "controlled by {} {} (uid {}): the operator never takes another's object (ChildConflict)",
             c.kind, c.name, c.uid
         )),
-        None if resource
-            .annotations
-            .get(crate::operator::ADOPT_ANNOTATION)
-            .is_some_and(|v| v == "true") =>
-        {
-            None
-        }
-        None => Some(format!(
+        Control::Nobody if asks_adoption(resource) => None,
+        Control::Nobody => Some(format!(
             "exists and nobody controls it: the operator takes it only when the resource is annotated {}: \"true\"",
             crate::operator::ADOPT_ANNOTATION
         )),

@@ -39,6 +39,7 @@ use children::{Applies, OwnerIndex, Waiting};
 pub use live::LiveChild;
 pub use metrics::Metrics;
 pub use reconcile::ADOPT_ANNOTATION;
+pub(crate) use reconcile::{Control, asks_adoption, control};
 
 use crate::registry::{Registry, split_api_version};
 

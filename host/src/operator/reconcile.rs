@@ -304,10 +304,7 @@ pub(crate) struct Owner {
 impl Owner {
     fn of(obj: &DynamicObject, ctx: &KindCtx) -> Self {
         let resource = super::plugin_resource(obj, &ctx.ar);
-        let adopt = resource
-            .annotations
-            .get(ADOPT_ANNOTATION)
-            .is_some_and(|v| v == "true");
+        let adopt = asks_adoption(&resource);
         let status = super::stored(obj, "status");
         let last_children: Vec<Child> = status
             .as_ref()
@@ -553,16 +550,27 @@ pub(crate) struct Plan {
     pub desired: BTreeSet<(String, String)>,
 }
 
+/// Whether `resource` may adopt objects nobody controls ([`ADOPT_ANNOTATION`]).
+pub(crate) fn asks_adoption(resource: &crate::types::Resource) -> bool {
+    resource
+        .annotations
+        .get(ADOPT_ANNOTATION)
+        .is_some_and(|v| v == "true")
+}
+
 /// Who controls a live object, as this resource sees it.
-enum Control<'a> {
+pub(crate) enum Control<'a> {
     Us,
     Nobody,
     Other(&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference),
 }
 
-fn control<'a>(live: &'a LiveChild, uid: &str) -> Control<'a> {
-    match live
-        .metadata
+/// Who controls the object of `metadata`, as the resource of `uid` sees it.
+pub(crate) fn control<'a>(
+    metadata: &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    uid: &str,
+) -> Control<'a> {
+    match metadata
         .owner_references
         .iter()
         .flatten()
@@ -611,7 +619,7 @@ pub(crate) fn plan(objects: Vec<Value>, owner: &Owner, view: &impl View) -> Plan
             .clone()
             .or_else(|| owner.recorded.get(&(key.clone(), name.clone())).cloned());
         let write = match live.as_deref() {
-            Some(l) => match (control(l, &r.uid), owner.adopt) {
+            Some(l) => match (control(&l.metadata, &r.uid), owner.adopt) {
                 (Control::Us, _) | (Control::Nobody, true) => {
                     if unchanged(&child, h, previous.as_ref(), Some(l)) {
                         Write::Skip
