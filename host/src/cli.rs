@@ -219,6 +219,61 @@ pub struct RunArgs {
     /// a stuck operator (default: 2m, or the render wait plus 1m when longer).
     #[arg(long, value_parser = parse_duration)]
     pub stuck_after: Option<Duration>,
+    /// What rendered objects are held to.
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+}
+
+/// What the operator lets a resource's children be (docs/security.md).
+#[derive(Debug, Clone, Args)]
+pub struct PolicyArgs {
+    /// The Pod Security Standard every pod template is held to in namespaces without a
+    /// `pod-security.kubernetes.io/enforce` label: privileged, baseline or restricted.
+    #[arg(long, default_value = "baseline", value_name = "LEVEL")]
+    pub pod_security: crate::policy::Level,
+    /// A ClusterIssuer that Ingresses (`cert-manager.io/cluster-issuer`) and cert-manager
+    /// objects may name. Repeat the flag or separate them with commas (default: none).
+    #[arg(long = "cluster-issuer", value_delimiter = ',', value_name = "NAME")]
+    pub cluster_issuers: Vec<String>,
+    /// A URL a KMSSecret's `spec.hostAPI` may be. Repeat the flag or separate them with commas
+    /// (default: none; a KMSSecret without one uses the KMS operator's default).
+    #[arg(long = "kms-host-api", value_delimiter = ',', value_name = "URL")]
+    pub kms_hosts: Vec<String>,
+    /// The Ingress annotations passed through, comma-separated: exact keys, or prefixes ending
+    /// in `*` (a key with `snippet` in it only when listed exactly). Empty: none.
+    #[arg(long, value_delimiter = ',', value_name = "KEYS", default_values_t = crate::policy::reach::DEFAULT_INGRESS_ANNOTATIONS.map(str::to_owned))]
+    pub ingress_annotations: Vec<String>,
+    /// A namespace whose resources may adopt objects no controller owns when they ask to
+    /// (their `wasm-operator.dev/adopt: "true"`), for a migration. Elsewhere, an object is
+    /// adopted only when it names the resource itself (`wasm-operator.dev/adopt-by`).
+    #[arg(long = "adopt-in-namespace", value_delimiter = ',', value_parser = parse_namespace, value_name = "NS")]
+    pub adopt_namespaces: Vec<String>,
+}
+
+impl PolicyArgs {
+    /// The rules these flags say.
+    pub fn rules(&self) -> crate::policy::Rules {
+        let set = |v: &[String]| {
+            v.iter()
+                .filter(|s| !s.is_empty())
+                .cloned()
+                .collect::<std::collections::BTreeSet<_>>()
+        };
+        crate::policy::Rules {
+            pod_security: self.pod_security,
+            allowed: crate::policy::Allowed {
+                cluster_issuers: set(&self.cluster_issuers),
+                kms_hosts: set(&self.kms_hosts),
+                ingress_annotations: self
+                    .ingress_annotations
+                    .iter()
+                    .filter(|s| !s.is_empty())
+                    .cloned()
+                    .collect(),
+            },
+            adopt_namespaces: set(&self.adopt_namespaces),
+        }
+    }
 }
 
 /// Which plugins to load and how to run them.
@@ -762,6 +817,7 @@ fn run(args: &RunArgs) -> Result<ExitCode, Error> {
         unready_after: args.unready_after,
         stuck_after: stuck_after(args.stuck_after, render_wait),
         plugin_resources,
+        rules: args.policy.rules(),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(usize::from(args.worker_threads.max(1)))

@@ -353,6 +353,10 @@ pub fn files(crds: &[Value]) -> Result<Vec<(String, String)>> {
                 .pointer("/metadata/name")
                 .and_then(Value::as_str)
                 .unwrap_or("unnamed");
+            // Names were checked when their plugins loaded; a file name is made of nothing else.
+            guest_kit::spec::dns_subdomain("metadata.name", name).map_err(|e| {
+                crate::error::Error::Output(format!("a CRD named `{name}`: {}", e.message))
+            })?;
             Ok((
                 format!("{name}.yaml"),
                 crate::documents::write(std::slice::from_ref(crd), crate::documents::Format::Yaml)?,

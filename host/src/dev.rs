@@ -201,6 +201,7 @@ async fn operate(
         unready_after: Duration::from_secs(30),
         stuck_after: crate::operator::Settings::default_stuck_after(render_wait),
         plugin_resources: None,
+        rules: crate::policy::Rules::default(),
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     say(&format!(

@@ -259,6 +259,7 @@ async fn diff_one(
     let (objects, _) = registry
         .render_checked(&resource, unknown)
         .map_err(|e: RenderError| Error::Discovery(format!("does not render: {e}")))?;
+    let handle = crate::operator::handle(&ar.plural, &ar.group, &resource.name);
     let mut entries = Vec::new();
     let mut desired = BTreeSet::new();
     for mut object in objects {
@@ -288,7 +289,7 @@ async fn diff_one(
             diff,
         };
         if let Some(live) = &live
-            && let Some(why) = not_ours(live, &resource)
+            && let Some(why) = not_ours(live, &resource, &handle)
         {
             entries.push(entry(Action::Skip, why));
             continue;
@@ -347,7 +348,7 @@ async fn diff_one(
             {
                 let name = obj.metadata.name.clone().unwrap_or_default();
                 let key = (child_ar.group.clone(), child.kind.clone(), name.clone());
-                if desired.contains(&key) || not_ours(&obj, &resource).is_some() {
+                if desired.contains(&key) || not_ours(&obj, &resource, &handle).is_some() {
                     continue;
                 }
                 let label = format!("{}/{name}", child.kind);
@@ -368,20 +369,20 @@ async fn diff_one(
     Ok(entries)
 }
 
-/// Why the operator would leave `live` alone for `resource`: another owner controls it, or
-/// nobody does (and the resource does not ask to adopt).
-fn not_ours(live: &DynamicObject, resource: &Resource) -> Option<String> {
-    use crate::operator::{Control, asks_adoption, control};
+/// Why the operator would leave `live` alone for `resource` (kubectl's `handle` for it):
+/// another owner controls it, or nobody does and it does not consent to this resource's
+/// adoption. Where the operator adopts on request (`--adopt-in-namespace`), it would take more.
+fn not_ours(live: &DynamicObject, resource: &Resource, handle: &str) -> Option<String> {
+    use crate::operator::{ADOPT_BY_ANNOTATION, Control, consents, control};
     match control(&live.metadata, &resource.uid) {
         Control::Us => None,
         Control::Other(c) => Some(format!(
             "controlled by {} {} (uid {}): the operator never takes another's object (ChildConflict)",
             c.kind, c.name, c.uid
         )),
-        Control::Nobody if asks_adoption(resource) => None,
+        Control::Nobody if consents(&live.metadata, handle) => None,
         Control::Nobody => Some(format!(
-            "exists and nobody controls it: the operator takes it only when the resource is annotated {}: \"true\"",
-            crate::operator::ADOPT_ANNOTATION
+            "exists and nobody controls it: the operator takes it only when the object consents ({ADOPT_BY_ANNOTATION}: {handle}), or in a namespace it adopts in (--adopt-in-namespace) when the resource asks"
         )),
     }
 }

@@ -67,6 +67,16 @@ pub enum PluginError {
         /// The cap.
         limit: usize,
     },
+    /// The guest handed the host more data in one call than the output cap (with room for the
+    /// lists' and strings' headers) allows: refused while it was being copied out, before the
+    /// host held it.
+    #[error(
+        "handed the host more than {limit} bytes in one call (the output cap, with room for its lists' headers) and was stopped"
+    )]
+    HandedTooMuch {
+        /// What one call may hand over, in bytes.
+        limit: usize,
+    },
     /// The guest returned more manifests than one render may.
     #[error("returned {count} manifests, over the cap of {limit}")]
     TooManyManifests {
@@ -105,6 +115,7 @@ impl PluginError {
             Self::Render { .. } => "InvalidSpec",
             Self::ErrorTooLarge { .. }
             | Self::OutputTooLarge { .. }
+            | Self::HandedTooMuch { .. }
             | Self::TooManyManifests { .. }
             | Self::BadManifest { .. }
             | Self::BadDescription(_)
@@ -127,6 +138,7 @@ impl PluginError {
             | Self::Render { .. }
             | Self::ErrorTooLarge { .. }
             | Self::OutputTooLarge { .. }
+            | Self::HandedTooMuch { .. }
             | Self::TooManyManifests { .. }
             | Self::BadManifest { .. }
             | Self::BadDescription(_)

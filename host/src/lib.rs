@@ -25,6 +25,7 @@ pub mod error;
 pub mod oci;
 pub mod operator;
 pub mod plugin;
+pub mod policy;
 pub mod publish;
 pub mod rbac;
 pub mod registry;

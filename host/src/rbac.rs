@@ -93,6 +93,9 @@ pub fn objects(registry: &Registry, target: &Target) -> Vec<Value> {
             &["get", "create", "patch"],
         ));
     }
+    // The Pod Security level a namespace enforces (its label) is what the pods the operator
+    // renders there are held to. A RoleBinding grants this for its own namespace.
+    rules.push(rule("", vec!["namespaces".to_owned()], &["get"]));
     rules.push(json!({
         "apiGroups": ["events.k8s.io", ""],
         "resources": ["events"],

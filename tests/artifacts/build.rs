@@ -13,6 +13,11 @@ fn main() {
     println!("cargo:rustc-env=CONTRACT_1_0_WASM={}", wasm[2].display());
     let next = guest_build::build_variant(&["guest-hostile"], &["next-version"], "next");
     println!("cargo:rustc-env=HOSTILE_NEXT_WASM={}", next[0].display());
+    let climbing = guest_build::build_variant(&["guest-hostile"], &["climbing-plural"], "climbing");
+    println!(
+        "cargo:rustc-env=HOSTILE_CLIMBING_WASM={}",
+        climbing[0].display()
+    );
     let several = several_memories(&guest_build::workspace_root());
     println!(
         "cargo:rustc-env=SEVERAL_MEMORIES_WASM={}",

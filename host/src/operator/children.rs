@@ -288,7 +288,8 @@ pub(crate) struct Writer {
 }
 
 /// Keeps only what reconciliation reads of an object that does not carry our ownership label:
-/// its name, uid, resourceVersion and owner references say whether it is in the way.
+/// its name, uid, resourceVersion and owner references say whether it is in the way, and its
+/// consent to an adoption ([`super::ADOPT_BY_ANNOTATION`]) whether it may be taken.
 fn trim_foreign(o: &mut LiveChild) {
     let ours = o
         .metadata
@@ -297,7 +298,12 @@ fn trim_foreign(o: &mut LiveChild) {
         .is_some_and(|l| l.contains_key(OWNER_LABEL));
     if !ours {
         o.metadata.labels = None;
-        o.metadata.annotations = None;
+        o.metadata.annotations = o
+            .metadata
+            .annotations
+            .take()
+            .and_then(|mut a| a.remove_entry(super::ADOPT_BY_ANNOTATION))
+            .map(|consent| [consent].into());
         o.status = None;
     }
 }
@@ -520,6 +526,23 @@ mod tests {
         assert_eq!(foreign.metadata.annotations, None);
         assert!(foreign.status.is_none());
         assert_eq!(foreign.metadata.uid.as_deref(), Some("u"));
+        // Its consent to an adoption is kept, and nothing else of its annotations.
+        let mut consenting: LiveChild = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "web", "annotations": { "big": "x",
+                super::super::ADOPT_BY_ANNOTATION: "services.hanzo.ai/web" } },
+        }))
+        .unwrap();
+        trim_foreign(&mut consenting);
+        assert_eq!(
+            consenting.metadata.annotations,
+            Some(
+                [(
+                    super::super::ADOPT_BY_ANNOTATION.to_owned(),
+                    "services.hanzo.ai/web".to_owned()
+                )]
+                .into()
+            )
+        );
         let mut ours: LiveChild = serde_json::from_value(serde_json::json!({
             "metadata": { "labels": { OWNER_LABEL: "u" }, "annotations": { "a": "b" } },
             "status": { "replicas": 1 },

@@ -38,8 +38,8 @@ use tokio::sync::watch;
 use children::{Applies, OwnerIndex, Waiting};
 pub use live::LiveChild;
 pub use metrics::Metrics;
-pub use reconcile::ADOPT_ANNOTATION;
-pub(crate) use reconcile::{Control, asks_adoption, control};
+pub use reconcile::{ADOPT_ANNOTATION, ADOPT_BY_ANNOTATION};
+pub(crate) use reconcile::{Control, consents, control, handle};
 
 use crate::registry::{Registry, split_api_version};
 
@@ -49,6 +49,9 @@ pub const FIELD_MANAGER: &str = "wasm-operator.dev/host";
 pub const OWNER_LABEL: &str = "wasm-operator.dev/owner";
 /// `app.kubernetes.io/managed-by` on every child.
 pub const MANAGED_BY: &str = "wasm-operator";
+
+/// How long a namespace's Pod Security level is used before it is read again.
+const LEVEL_TTL: Duration = Duration::from_secs(30);
 
 /// What went wrong running the operator.
 #[derive(Debug, thiserror::Error)]
@@ -107,6 +110,8 @@ pub struct Settings {
     /// Serve the plugins that `Plugin` resources name, loaded live (none: only those given at
     /// start).
     pub plugin_resources: Option<plugins::Live>,
+    /// What rendered objects are held to before they are applied, and who may adopt.
+    pub rules: crate::policy::Rules,
 }
 
 impl Settings {
@@ -261,6 +266,10 @@ pub(crate) struct Shared {
     pub render_wait: Duration,
     /// Whether this replica may write (it leads, and renewed its Lease in time).
     pub fence: Arc<lease::Fence>,
+    /// See [`Settings::rules`].
+    pub rules: crate::policy::Rules,
+    /// The Pod Security level each namespace enforced when last read, and when that was.
+    pub levels: Mutex<BTreeMap<String, (std::time::Instant, crate::policy::Level)>>,
 }
 
 /// The error of a write this replica may not send: it does not lead, or its Lease was not
@@ -291,6 +300,31 @@ impl Shared {
     /// The plugins served now.
     pub(crate) fn registry(&self) -> Arc<Registry> {
         read(&self.registry).clone()
+    }
+
+    /// The Pod Security level `namespace` enforces (its `pod-security.kubernetes.io/enforce`
+    /// label), else the operator's default; read again when older than [`LEVEL_TTL`]. A namespace
+    /// that cannot be read gets the default: the API server's own Pod Security admission still
+    /// holds its pods to its label.
+    pub(crate) async fn pod_security_level(&self, namespace: &str) -> crate::policy::Level {
+        let default = self.rules.pod_security;
+        if let Some((at, level)) = lock(&self.levels).get(namespace)
+            && at.elapsed() < LEVEL_TTL
+        {
+            return *level;
+        }
+        let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(self.client.clone());
+        match api.get_metadata(namespace).await {
+            Ok(ns) => {
+                let level = crate::policy::level_of(ns.metadata.labels.as_ref(), default);
+                lock(&self.levels).insert(namespace.to_owned(), (std::time::Instant::now(), level));
+                level
+            }
+            Err(e) => {
+                tracing::warn!(%namespace, "cannot read the namespace's Pod Security label, holding its pods to {default}: {e}");
+                default
+            }
+        }
     }
 
     /// Sends one write of a child (`verb`: apply, delete) within the budget of writes in flight,
@@ -670,6 +704,8 @@ async fn setup(
         synced: tokio::sync::watch::Sender::new(false),
         stopping: tokio::sync::watch::Sender::new(false),
         render_wait: settings.render_wait,
+        rules: settings.rules.clone(),
+        levels: Mutex::new(BTreeMap::new()),
     };
     Ok((shared, writers))
 }

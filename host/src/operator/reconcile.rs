@@ -34,10 +34,16 @@ use crate::types::Resource as PluginResource;
 
 /// How often a resource is rendered again with no event (a resync).
 const RESYNC: Duration = Duration::from_secs(600);
-/// The annotation on a resource that lets it adopt objects of its children's names that no
-/// controller owns (made by hand, or left by an earlier operator). Objects another controller
-/// owns are never taken.
+/// The annotation on a resource that asks to adopt objects of its children's names that no
+/// controller owns. It is not enough on its own: it counts only in the namespaces the operator
+/// is told adoption is a migration of (`--adopt-in-namespace`). Objects another controller owns
+/// are never taken.
 pub const ADOPT_ANNOTATION: &str = "wasm-operator.dev/adopt";
+/// The annotation by which an object no controller owns consents to be adopted by one
+/// resource: its value names that resource as kubectl does, `PLURAL.GROUP/NAME`
+/// (`services.hanzo.ai/api`). Set by whoever may edit the object, it is the object's consent,
+/// not the adopter's claim.
+pub const ADOPT_BY_ANNOTATION: &str = "wasm-operator.dev/adopt-by";
 
 /// Why a reconciliation failed; it is retried with backoff (see [`error_policy`]).
 #[derive(Debug, thiserror::Error)]
@@ -162,6 +168,27 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
         Ok(rendered) => rendered,
         Err(e) => return report_render_failure(obj, ctx, &owner, e),
     };
+    // Whatever the plugin, nothing is applied that its author could not have made: pods within
+    // the namespace's Pod Security level, nothing named outside the namespace.
+    let level = if objects
+        .iter()
+        .any(|o| crate::policy::pod_security::pod_template(o).is_some())
+    {
+        ctx.shared
+            .pod_security_level(&owner.resource.namespace)
+            .await
+    } else {
+        ctx.shared.rules.pod_security
+    };
+    let refusals = crate::policy::judge(
+        &ctx.shared.rules,
+        &owner.resource.namespace,
+        level,
+        &objects,
+    );
+    if !refusals.is_empty() {
+        return report_refusals(obj, ctx, &owner, refusals);
+    }
     let plan = plan(objects, &owner, ctx.shared.as_ref());
     for conflict in &plan.conflicts {
         lock(&ctx.shared.waiting).wait(conflict.id.clone(), owner.id());
@@ -292,8 +319,11 @@ pub(crate) struct Owner {
     pub resource: PluginResource,
     /// Its controller's `apiVersion/Kind` (the key its controller is woken by).
     pub controller_kind: String,
-    /// Whether it may adopt objects nobody controls ([`ADOPT_ANNOTATION`]).
+    /// Whether it may adopt any object nobody controls: it asks ([`ADOPT_ANNOTATION`]) in a
+    /// namespace the operator adopts in (`--adopt-in-namespace`).
     pub adopt: bool,
+    /// How an object names it to consent to its adoption ([`ADOPT_BY_ANNOTATION`]).
+    pub handle: String,
     /// What its status says our last applies left, by kind key and name: after a restart, the
     /// record of what is already in place.
     pub recorded: BTreeMap<(String, String), Applied>,
@@ -304,7 +334,13 @@ pub(crate) struct Owner {
 impl Owner {
     fn of(obj: &DynamicObject, ctx: &KindCtx) -> Self {
         let resource = super::plugin_resource(obj, &ctx.ar);
-        let adopt = asks_adoption(&resource);
+        let adopt = asks_adoption(&resource)
+            && ctx
+                .shared
+                .rules
+                .adopt_namespaces
+                .contains(&resource.namespace);
+        let handle = handle(&ctx.ar.plural, &ctx.ar.group, &resource.name);
         let status = super::stored(obj, "status");
         let last_children: Vec<Child> = status
             .as_ref()
@@ -336,6 +372,7 @@ impl Owner {
             controller_kind: format!("{}/{}", ctx.ar.api_version, ctx.ar.kind),
             resource,
             adopt,
+            handle,
             recorded,
             last_children,
         }
@@ -413,27 +450,55 @@ fn report_render_failure(
     } else {
         "not retried until the resource or its plugin changes, beyond the 10-minute resync"
     };
-    // The children stay as the status last listed them (and their apply records with them):
-    // nothing was applied or pruned.
-    let current = current_status(ctx, obj);
-    let outcome = Outcome {
-        children: owner.last_children.clone(),
-        problems: vec![Problem {
-            reason: e.reason().to_owned(),
-            message: format!("{e} ({suffix})"),
-            retrying,
-        }],
-        // The plugin's fields stay as they were.
-        fields: plugin_fields(current.as_ref()),
-        ..Outcome::default()
+    let problem = Problem {
+        reason: e.reason().to_owned(),
+        message: format!("{e} ({suffix})"),
+        retrying,
     };
-    if write_status(obj, ctx, owner, current.as_ref(), &outcome) {
-        publish(ctx, obj, EventType::Warning, e.reason(), e.to_string());
-    }
+    nothing_applied(obj, ctx, owner, vec![problem]);
     if retrying {
         return Err(ReconcileError::Render(e));
     }
     Ok(Action::requeue(RESYNC))
+}
+
+/// Reports rendered children that the host refuses to apply (see [`crate::policy`]): nothing
+/// of the resource is applied or pruned, and it stays `Stalled` until it, its namespace's Pod
+/// Security label or the operator's settings change (looked at again at each resync).
+fn report_refusals(
+    obj: &DynamicObject,
+    ctx: &KindCtx,
+    owner: &Owner,
+    refusals: Vec<crate::policy::Refusal>,
+) -> Result<Action, ReconcileError> {
+    let problems = refusals
+        .into_iter()
+        .map(|r| Problem {
+            reason: r.reason.to_owned(),
+            message: format!("not applied: {}", r.message),
+            retrying: false,
+        })
+        .collect();
+    nothing_applied(obj, ctx, owner, problems);
+    Ok(Action::requeue(RESYNC))
+}
+
+/// Writes the status (and an event per problem) of a reconciliation that applied nothing. The
+/// children stay as the status last listed them (and their apply records with them), and the
+/// plugin's status fields as they were.
+fn nothing_applied(obj: &DynamicObject, ctx: &KindCtx, owner: &Owner, problems: Vec<Problem>) {
+    let current = current_status(ctx, obj);
+    let outcome = Outcome {
+        children: owner.last_children.clone(),
+        problems,
+        fields: plugin_fields(current.as_ref()),
+        ..Outcome::default()
+    };
+    if write_status(obj, ctx, owner, current.as_ref(), &outcome) {
+        for p in &outcome.problems {
+            publish(ctx, obj, EventType::Warning, &p.reason, p.message.clone());
+        }
+    }
 }
 
 // --- plan ---------------------------------------------------------------------------------------
@@ -521,10 +586,13 @@ impl Conflict {
     fn message(&self, owner: &Owner) -> String {
         if self.holder == "nobody" {
             format!(
-                "{} {} exists and no controller owns it (made by hand?); it is left alone. Delete or rename it, or annotate {} with {ADOPT_ANNOTATION}=true to adopt it",
+                "{} {} exists and no controller owns it (made by hand?); it is left alone. Delete or rename it, or, as whoever may edit it, let {} adopt it: kubectl annotate {} {} {ADOPT_BY_ANNOTATION}={}",
                 self.kind,
                 self.name,
-                owner.display()
+                owner.display(),
+                self.kind.to_lowercase(),
+                self.name,
+                owner.handle
             )
         } else {
             format!(
@@ -556,6 +624,28 @@ pub(crate) fn asks_adoption(resource: &crate::types::Resource) -> bool {
         .annotations
         .get(ADOPT_ANNOTATION)
         .is_some_and(|v| v == "true")
+}
+
+/// How kubectl names the resource `name` of `plural` in `group`: `services.hanzo.ai/api`.
+pub(crate) fn handle(plural: &str, group: &str, name: &str) -> String {
+    if group.is_empty() {
+        format!("{plural}/{name}")
+    } else {
+        format!("{plural}.{group}/{name}")
+    }
+}
+
+/// Whether the object of `metadata` consents to be adopted by the resource kubectl names
+/// `handle` ([`ADOPT_BY_ANNOTATION`]).
+pub(crate) fn consents(
+    metadata: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    handle: &str,
+) -> bool {
+    metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ADOPT_BY_ANNOTATION))
+        .is_some_and(|v| v == handle)
 }
 
 /// Who controls a live object, as this resource sees it.
@@ -619,7 +709,10 @@ pub(crate) fn plan(objects: Vec<Value>, owner: &Owner, view: &impl View) -> Plan
             .clone()
             .or_else(|| owner.recorded.get(&(key.clone(), name.clone())).cloned());
         let write = match live.as_deref() {
-            Some(l) => match (control(&l.metadata, &r.uid), owner.adopt) {
+            Some(l) => match (
+                control(&l.metadata, &r.uid),
+                owner.adopt || consents(&l.metadata, &owner.handle),
+            ) {
                 (Control::Us, _) | (Control::Nobody, true) => {
                     if unchanged(&child, h, previous.as_ref(), Some(l)) {
                         Write::Skip
@@ -1357,6 +1450,7 @@ mod tests {
             },
             controller_kind: "hanzo.ai/v1/Service".into(),
             adopt,
+            handle: handle("services", "hanzo.ai", "web"),
             recorded: BTreeMap::new(),
             last_children: Vec::new(),
         }
@@ -1418,16 +1512,45 @@ mod tests {
         assert_eq!(plan.conflicts.len(), 1);
         assert_eq!(plan.conflicts[0].holder, "nobody");
         assert!(
-            plan.conflicts[0]
-                .message(&owner(false))
-                .contains(ADOPT_ANNOTATION)
+            plan.conflicts[0].message(&owner(false)).contains(
+                "kubectl annotate service web wasm-operator.dev/adopt-by=services.hanzo.ai/web"
+            ),
+            "{}",
+            plan.conflicts[0].message(&owner(false))
         );
         // Still desired: prune must not treat it as stale.
         assert!(plan.desired.contains(&("/Service".into(), "web".into())));
     }
 
     #[test]
-    fn an_object_nobody_controls_is_adopted_only_when_asked() {
+    fn an_object_that_names_the_resource_consents_to_its_adoption() {
+        let consenting = |value: &str| {
+            let mut l = (*live("uid-hand", None)).clone();
+            l.metadata.annotations =
+                Some([(ADOPT_BY_ANNOTATION.to_owned(), value.to_owned())].into());
+            Arc::new(l)
+        };
+        let mut c = caches();
+        c.live
+            .insert(key("Service", "web"), consenting("services.hanzo.ai/web"));
+        let planned = plan(vec![service("web")], &owner(false), &c);
+        assert!(planned.conflicts.is_empty());
+        assert_eq!(
+            planned.children[0].write,
+            Write::Update {
+                uid: "uid-hand".into()
+            }
+        );
+        // Consent to another resource (or another Kind of the same name) is no consent.
+        for other in ["services.hanzo.ai/api", "datastores.hanzo.ai/web", "true"] {
+            c.live.insert(key("Service", "web"), consenting(other));
+            let planned = plan(vec![service("web")], &owner(false), &c);
+            assert_eq!(planned.conflicts.len(), 1, "{other}");
+        }
+    }
+
+    #[test]
+    fn an_object_nobody_controls_is_adopted_where_the_operator_adopts_when_asked() {
         let mut c = caches();
         c.live.insert(key("Service", "web"), live("uid-hand", None));
         let plan = plan(vec![service("web")], &owner(true), &c);

@@ -241,10 +241,13 @@ pub(super) fn plugin_info(
             kind: g.kind,
         })
         .collect();
-    Ok(PluginInfo {
+    let info = PluginInfo {
         name: info.name,
         version: info.version,
         kinds,
         children,
-    })
+    };
+    // Names become CRD names, file names and RBAC rules: checked as the API server checks them.
+    crate::policy::names::check(&info)?;
+    Ok(info)
 }

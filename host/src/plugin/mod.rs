@@ -61,6 +61,27 @@ impl Default for Limits {
     }
 }
 
+impl Limits {
+    /// The most bytes the host allocates for what a guest hands it in one call (wasmtime's
+    /// hostcall fuel): the output cap, with room for the list and string headers of as many
+    /// manifests and warnings as a render may return, and no less than what a `describe` with
+    /// its schemas needs ([`MIN_HOSTCALL_FUEL`]). More is refused while it is being copied out.
+    pub fn hostcall_fuel(&self) -> usize {
+        let headers = self
+            .max_manifests
+            .saturating_add(MAX_WARNINGS)
+            .saturating_mul(HEADER_BYTES);
+        self.output_bytes
+            .saturating_add(headers)
+            .max(MIN_HOSTCALL_FUEL)
+    }
+}
+
+/// Room per returned item for the host's copies of its list entry and string headers.
+const HEADER_BYTES: usize = 4 * std::mem::size_of::<String>();
+/// What `describe`, with its Kinds' schemas, may hand over whatever the output cap.
+pub const MIN_HOSTCALL_FUEL: usize = 1 << 20;
+
 /// What a component is, read from its bytes and its type once it compiled.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Anatomy {

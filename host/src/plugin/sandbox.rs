@@ -205,9 +205,17 @@ pub(crate) fn store(
     };
     let mut store = Store::new(engine, state);
     store.limiter(|s| s);
+    // What the host copies out of the guest in one call (a render's manifests) is bounded by
+    // the output cap before it is copied, not after: wasmtime's default would let a guest make
+    // the host allocate 128 MiB.
+    store.set_hostcall_fuel(limits.hostcall_fuel());
     arm_deadline(&mut store, limits);
     (store, stderr)
 }
+
+/// The text wasmtime gives when a guest hands the host more than its hostcall fuel allows (its
+/// error type is private).
+const FUEL_EXHAUSTED: &str = "fuel allocated for hostcalls has been exhausted";
 
 /// Sets the store's deadline to `limits.deadline` from now.
 pub(crate) fn arm_deadline(store: &mut Store<Sandbox>, limits: Limits) {
@@ -257,6 +265,11 @@ fn classify(
     }
     if e.downcast_ref::<Trap>() == Some(&Trap::Interrupt) {
         return PluginError::Deadline(limits.deadline);
+    }
+    if format!("{e:#}").contains(FUEL_EXHAUSTED) {
+        return PluginError::HandedTooMuch {
+            limit: limits.hostcall_fuel(),
+        };
     }
     let err = String::from_utf8_lossy(&stderr.contents()).into_owned();
     if let Some(at) = err.find("panicked at") {

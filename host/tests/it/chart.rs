@@ -201,6 +201,10 @@ fn the_values_reach_what_the_chart_renders() {
         "sandbox.timeout=2s",
         "replicas=1",
         "leaderElection.enabled=false",
+        "policy.podSecurity=restricted",
+        "policy.clusterIssuers={letsencrypt-prod,internal-ca}",
+        "policy.kmsHostAPIs={https://kms.example.com/api}",
+        "policy.adoptInNamespaces={app}",
     ]));
     let pod = &deployment(&docs)["spec"]["template"]["spec"];
     let container = &pod["containers"][0];
@@ -235,9 +239,38 @@ fn the_values_reach_what_the_chart_renders() {
         "--plugin=/plugins/site.wasm",
         "--plugin-timeout=2s",
         "--leader-elect=false",
+        "--pod-security=restricted",
+        "--cluster-issuer=letsencrypt-prod,internal-ca",
+        "--kms-host-api=https://kms.example.com/api",
+        "--adopt-in-namespace=app",
     ] {
         assert!(args.contains(&want), "no {want} in {args:?}");
     }
+    // The host takes them as the rules the values say.
+    use clap::Parser;
+    let parsed =
+        host::cli::Cli::try_parse_from(std::iter::once("host").chain(args.iter().copied()))
+            .unwrap_or_else(|e| panic!("host does not take {args:?}: {e}"));
+    let host::cli::Command::Run(run) = parsed.command else {
+        panic!("not `host run`: {args:?}")
+    };
+    let policy = run.policy.rules();
+    assert_eq!(policy.pod_security, host::policy::Level::Restricted);
+    assert_eq!(policy.allowed.cluster_issuers.len(), 2);
+    assert!(policy.adopt_namespaces.contains("app"));
+    // By default: baseline, and the same Ingress annotations as the host's own default.
+    let defaults = documents(&template(&[]));
+    let default_args =
+        deployment(&defaults)["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+    assert!(
+        default_args.contains("\"--pod-security=baseline\""),
+        "{default_args}"
+    );
+    let annotations = format!(
+        "\"--ingress-annotations={}\"",
+        host::policy::reach::DEFAULT_INGRESS_ANNOTATIONS.join(",")
+    );
+    assert!(default_args.contains(&annotations), "{default_args}");
     // Watching two namespaces, the ClusterRole is bound in those two alone, as `host rbac`
     // binds it.
     let bindings = |docs: &[Value]| -> Vec<Value> {

@@ -62,6 +62,10 @@ fn finding(report: &Value, check: &str) -> (String, String) {
     )
 }
 
+/// What a guest that hands the host more than the default output cap (and headers) is told.
+const HANDED_TOO_MUCH: &str =
+    "PluginMisbehaved: plugin hostile: handed the host more than 4292224 bytes in one call";
+
 fn hostile_example(dir: &Path, mode: &str) -> String {
     let path = dir.join(format!("{mode}.yaml"));
     std::fs::write(
@@ -218,8 +222,9 @@ fn each_defect_of_the_hostile_guest_fails_its_check() {
             "alloc",
             "PluginMemoryExceeded: plugin hostile: tried to grow its memory",
         ),
-        ("huge-output", "over the cap of 4194304 bytes"),
-        ("many-manifests", "manifests, over the cap of 1000"),
+        // Stopped while it is copied out: at the 4 MiB output cap and room for its headers.
+        ("huge-output", HANDED_TOO_MUCH),
+        ("many-manifests", HANDED_TOO_MUCH),
         (
             "other-namespace",
             "may only write to the resource's own namespace `app`",
@@ -233,7 +238,7 @@ fn each_defect_of_the_hostile_guest_fails_its_check() {
             "error",
             "InvalidSpec: plugin hostile: spec.mode: was asked to fail",
         ),
-        ("huge-error", "returned an error of 5242889 bytes"),
+        ("huge-error", HANDED_TOO_MUCH),
     ] {
         let example = hostile_example(dir.path(), mode);
         // A million manifests take a while to make in a debug build of the guest.
@@ -295,6 +300,37 @@ fn a_plugin_that_does_not_load_fails_at_the_step_that_broke() {
         "{detail}"
     );
 
+    // A plural that climbs out of a directory: refused as the API server refuses it, at load.
+    let (code, report) = check_json(&[test_guests::HOSTILE_CLIMBING]);
+    assert_eq!(code, 1, "{report:#}");
+    let (outcome, detail) = finding(&report, "describe");
+    assert_eq!(outcome, "fail", "{report:#}");
+    assert!(
+        detail.contains("Kind `Hostile`: plural: `../../../x` is not a valid DNS label"),
+        "{detail}"
+    );
+    // Nor does any other command make a path of it.
+    let out_dir = tempfile::tempdir().unwrap();
+    let crds_in = out_dir.path().join("crds");
+    let out = host(&[
+        "crds",
+        "--no-builtins",
+        "--plugin",
+        test_guests::HOSTILE_CLIMBING,
+        "--output-dir",
+        &crds_in.display().to_string(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("plural"),
+        "{}",
+        text(&out.stderr)
+    );
+    let written: Vec<_> = walk(out_dir.path());
+    assert!(written.is_empty(), "wrote {written:?}");
+    let climbed = crds_in.join("../../../x.test.wasm-operator.dev.yaml");
+    assert!(!climbed.exists(), "wrote {}", climbed.display());
+
     // Not a component at all.
     let dir = tempfile::tempdir().unwrap();
     let junk = dir.path().join("junk.wasm");
@@ -329,4 +365,18 @@ fn what_cannot_be_checked_exits_2_naming_the_file() {
         err.contains("bad.yaml") && err.contains("metadata.name"),
         "{err}"
     );
+}
+
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
 }

@@ -17,4 +17,5 @@ mod render;
 mod reporting;
 mod roundtrip;
 mod sandbox;
+mod security;
 mod support;

@@ -51,7 +51,7 @@ impl Operator {
     }
 
     /// An operator run with `settings` exactly.
-    async fn start_settings(
+    pub(crate) async fn start_settings(
         client: kube::Client,
         group: &str,
         extra: &[PathBuf],
@@ -180,6 +180,7 @@ pub(crate) fn settings(
         unready_after: Duration::from_secs(30),
         stuck_after: Duration::from_secs(120),
         plugin_resources: None,
+        rules: host::policy::Rules::default(),
     }
 }
 
@@ -938,7 +939,7 @@ async fn kinds_it_may_not_list_do_not_hold_up_its_stop() {
 }
 
 /// The `Ready` condition's reason and message of `what`, once its reason is `reason`.
-async fn wait_reason(cp: &ControlPlane, ns: &str, what: &str, reason: &str) -> Value {
+pub(crate) async fn wait_reason(cp: &ControlPlane, ns: &str, what: &str, reason: &str) -> Value {
     let mut last = None;
     eventually_or(
         &format!("{what} to say {reason}"),
@@ -981,7 +982,7 @@ spec:
 ";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_object_made_by_hand_is_never_taken_unless_adoption_is_asked_for() {
+async fn an_object_made_by_hand_is_taken_only_with_its_own_consent_or_in_a_migration() {
     let cp = cluster();
     let _logs = cp.logs_on_failure();
     let client = cp.client().await.unwrap();
@@ -998,6 +999,12 @@ async fn an_object_made_by_hand_is_never_taken_unless_adoption_is_asked_for() {
         message.contains("Service web") && message.contains("no controller"),
         "{message}"
     );
+    assert!(
+        message.contains(
+            "kubectl annotate service web wasm-operator.dev/adopt-by=services.hanzo.ai/web"
+        ),
+        "{message}"
+    );
     assert_eq!(condition(&web, "Stalled").0, "True", "a person must act");
     let svc = get(cp, &ns, "service/web").unwrap();
     assert!(owner_uids(&svc).is_empty(), "taken over: {svc}");
@@ -1008,7 +1015,8 @@ async fn an_object_made_by_hand_is_never_taken_unless_adoption_is_asked_for() {
     let (_, events) = kubectl(cp, &["get", "events", "-n", &ns]);
     assert!(events.contains("ChildConflict"), "{events}");
 
-    // `api` asks to adopt what nobody controls: it takes the Service and becomes Ready.
+    // `api` asks to adopt what nobody controls. Its own word is not enough: whoever may create
+    // a resource could otherwise take any object of the namespace (a platform's policy).
     apply(
         cp,
         &ns,
@@ -1016,6 +1024,22 @@ async fn an_object_made_by_hand_is_never_taken_unless_adoption_is_asked_for() {
             "name: web",
             "name: api\n  annotations: { wasm-operator.dev/adopt: \"true\" }",
         ),
+    );
+    wait_reason(cp, &ns, "services.hanzo.ai/api", "ChildConflict").await;
+    let untouched = get(cp, &ns, "service/api").unwrap();
+    assert!(owner_uids(&untouched).is_empty(), "taken over: {untouched}");
+    assert_eq!(untouched["spec"]["ports"][0]["port"], 5432);
+
+    // The object's consent, given by whoever may edit it, names the resource: it is adopted.
+    kubectl_ok(
+        cp,
+        &[
+            "annotate",
+            "-n",
+            &ns,
+            "service/api",
+            "wasm-operator.dev/adopt-by=services.hanzo.ai/api",
+        ],
     );
     wait_ready(cp, &ns, "services.hanzo.ai/api");
     let api = get(cp, &ns, "services.hanzo.ai/api").unwrap();
@@ -1037,6 +1061,27 @@ async fn an_object_made_by_hand_is_never_taken_unless_adoption_is_asked_for() {
     assert!(
         get(cp, &ns, "service/web").is_some(),
         "the hand-made Service was deleted with the resource that never owned it"
+    );
+    op.stop().await;
+
+    // Where the operator is told a migration is under way, a resource that asks adopts.
+    let mut settings = settings(vec![ns.clone()], &ns, &format!("test-{ns}"));
+    settings.rules.adopt_namespaces = [ns.clone()].into();
+    let op = Operator::start_settings(cp.client().await.unwrap(), "hanzo.ai", &[], settings).await;
+    apply(cp, &ns, &HAND_MADE.replace("NAME", "db"));
+    apply(
+        cp,
+        &ns,
+        &WEB.replace(
+            "name: web",
+            "name: db\n  annotations: { wasm-operator.dev/adopt: \"true\" }",
+        ),
+    );
+    wait_ready(cp, &ns, "services.hanzo.ai/db");
+    let db = get(cp, &ns, "services.hanzo.ai/db").unwrap();
+    assert_eq!(
+        owner_uids(&get(cp, &ns, "service/db").unwrap()),
+        vec![db["metadata"]["uid"].as_str().unwrap().to_owned()]
     );
     op.stop().await;
 }
@@ -1497,6 +1542,7 @@ async fn healthz_and_readyz_follow_a_partition() {
         unready_after: Duration::from_secs(3),
         stuck_after: Duration::from_secs(3),
         plugin_resources: None,
+        rules: host::policy::Rules::default(),
     };
     let op = Operator::start_settings(
         cp.client_via(&proxy.url()).await.unwrap(),

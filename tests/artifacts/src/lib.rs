@@ -14,3 +14,6 @@ pub const INCOMPATIBLE: &str = env!("INCOMPATIBLE_WASM");
 /// `render` trap (`tests/artifacts/several-memories.wat`): each memory is under the default
 /// 64 MiB cap, both together are over it.
 pub const SEVERAL_MEMORIES: &str = env!("SEVERAL_MEMORIES_WASM");
+/// The hostile plugin describing its Kind with the plural `../../../x` (the `climbing-plural`
+/// feature): a name the API server refuses, which the host must refuse at load.
+pub const HOSTILE_CLIMBING: &str = env!("HOSTILE_CLIMBING_WASM");

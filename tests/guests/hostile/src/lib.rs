@@ -109,7 +109,12 @@ impl Plugin for Hostile {
                 group: "test.wasm-operator.dev".into(),
                 versions: vec!["v1".into()],
                 kind: "Hostile".into(),
-                plural: "hostiles".into(),
+                plural: if cfg!(feature = "climbing-plural") {
+                    "../../../x"
+                } else {
+                    "hostiles"
+                }
+                .into(),
                 short_names: vec![],
                 engine: None,
                 spec_schema: json!({ "type": "object", "properties": { "mode": { "type": "string" } } }),

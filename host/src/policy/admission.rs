@@ -1,0 +1,235 @@
+//! References checked against their author's rights, by the API server at admission.
+//!
+//! A plugin declares which fields of its Kinds' specs name another object of the resource's
+//! namespace (contract 1.2): a Secret mounted, a ConfigMap read, a ServiceAccount the pods run
+//! as. The operator would use any of them with its own rights; so a resource may name one only
+//! if whoever creates or changes it could use it directly: `get` the Secret or ConfigMap, or
+//! `create serviceaccounts/token` for the ServiceAccount (act as it). That is checked where the
+//! requester is known, in the API server: for each Kind with references, a
+//! ValidatingAdmissionPolicy whose CEL asks the `authorizer` about each name (Kubernetes 1.30
+//! and later; no webhook server), and a binding that applies it everywhere.
+
+use serde_json::{Value, json};
+
+use crate::types::{KindInfo, Reference, ReferenceTarget};
+
+/// The label on every policy and binding the host generates.
+const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "wasm-operator");
+
+/// The policy and its binding for `kind`, or none when its spec names no other object.
+pub fn objects(kind: &KindInfo) -> Option<[Value; 2]> {
+    if kind.references.is_empty() {
+        return None;
+    }
+    let name = format!("references.{}.{}", kind.plural, kind.group);
+    let validations: Vec<Value> = kind
+        .references
+        .iter()
+        .map(|r| {
+            json!({
+                "expression": expression(r),
+                "message": message(r),
+                "reason": "Forbidden",
+            })
+        })
+        .collect();
+    let labels = json!({ MANAGED_BY.0: MANAGED_BY.1 });
+    let policy = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": { "name": name, "labels": labels },
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [{
+                    "apiGroups": [kind.group],
+                    "apiVersions": ["*"],
+                    "operations": ["CREATE", "UPDATE"],
+                    "resources": [kind.plural],
+                }],
+            },
+            "validations": validations,
+        },
+    });
+    let binding = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": { "name": name, "labels": labels },
+        "spec": {
+            "policyName": name,
+            "validationActions": ["Deny"],
+        },
+    });
+    Some([policy, binding])
+}
+
+/// What the requester must be allowed, as a sentence for the refusal.
+fn message(r: &Reference) -> String {
+    let (what, right) = match r.target {
+        ReferenceTarget::Secret => ("a Secret", "get secrets"),
+        ReferenceTarget::ConfigMap => ("a ConfigMap", "get configmaps"),
+        ReferenceTarget::ServiceAccount => {
+            ("a ServiceAccount", "create serviceaccounts/token (act as it)")
+        }
+    };
+    format!(
+        "{} names {what} that you may not use yourself ({right} on that name in this namespace); the operator would use it for you",
+        r.path
+    )
+}
+
+/// The CEL that holds when every name at the reference's path is one the requester may use.
+pub fn expression(r: &Reference) -> String {
+    let segments: Vec<&str> = r.path.split('.').collect();
+    let mut depth = 0;
+    all(
+        "object",
+        segments.as_slice(),
+        &mut depth,
+        &|name: &str| allowed(r.target, name),
+    )
+}
+
+/// `pred` for every value at `path` under `base` (a CEL expression), absent fields and lists
+/// holding vacuously.
+fn all(base: &str, path: &[&str], depth: &mut usize, pred: &dyn Fn(&str) -> String) -> String {
+    let Some((first, rest)) = path.split_first() else {
+        return pred(base);
+    };
+    let (field, list) = match first.strip_suffix("[]") {
+        Some(field) => (field, true),
+        None => (*first, false),
+    };
+    let at = format!("{base}.{}", escape(field));
+    let present = format!("has({at})");
+    if list {
+        let item = format!("x{depth}");
+        *depth += 1;
+        let inner = all(&item, rest, depth, pred);
+        format!("!{present} || {at}.all({item}, {inner})")
+    } else {
+        let inner = all(&at, rest, depth, pred);
+        format!("!{present} || ({inner})")
+    }
+}
+
+/// Asks the authorizer whether the requester may use the object `name` (a CEL string).
+fn allowed(target: ReferenceTarget, name: &str) -> String {
+    let (resource, subresource, verb) = match target {
+        ReferenceTarget::Secret => ("secrets", "", "get"),
+        ReferenceTarget::ConfigMap => ("configmaps", "", "get"),
+        ReferenceTarget::ServiceAccount => ("serviceaccounts", "token", "create"),
+    };
+    let subresource = if subresource.is_empty() {
+        String::new()
+    } else {
+        format!(".subresource('{subresource}')")
+    };
+    format!(
+        "authorizer.group('').resource('{resource}'){subresource}.namespace(object.metadata.namespace).name({name}).check('{verb}').allowed()"
+    )
+}
+
+/// A field name as CEL in Kubernetes names it: reserved words and characters CEL identifiers
+/// cannot hold are escaped (`namespace` is `__namespace__`, `-` is `__dash__`).
+fn escape(field: &str) -> String {
+    const RESERVED: [&str; 18] = [
+        "as", "break", "const", "continue", "else", "false", "for", "function", "if", "import",
+        "in", "let", "loop", "package", "namespace", "null", "return", "var",
+    ];
+    const MORE_RESERVED: [&str; 3] = ["true", "void", "while"];
+    if RESERVED.contains(&field) || MORE_RESERVED.contains(&field) {
+        return format!("__{field}__");
+    }
+    field
+        .replace("__", "__underscores__")
+        .replace('.', "__dot__")
+        .replace('-', "__dash__")
+        .replace('/', "__slash__")
+}
+
+/// Checks a declared reference's path: `spec.` first, then field names, each optionally
+/// followed by `[]` (every item of a list).
+pub fn check_path(path: &str) -> Result<(), String> {
+    let mut segments = path.split('.');
+    if segments.next() != Some("spec") {
+        return Err(format!("reference `{path}` must start with `spec.`"));
+    }
+    let mut any = false;
+    for s in segments {
+        any = true;
+        let field = s.strip_suffix("[]").unwrap_or(s);
+        let ok = !field.is_empty()
+            && field
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if !ok {
+            return Err(format!(
+                "reference `{path}`: `{s}` is not a field name (letters, digits, `_`, `-`), optionally followed by `[]`"
+            ));
+        }
+    }
+    if !any {
+        return Err(format!("reference `{path}` names no field of the spec"));
+    }
+    if path.ends_with("[]") {
+        return Err(format!(
+            "reference `{path}` must end with the field holding the name, not a list"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use rstest::rstest;
+
+    use super::*;
+
+    fn reference(path: &str, target: ReferenceTarget) -> Reference {
+        Reference {
+            path: path.into(),
+            target,
+        }
+    }
+
+    #[rstest]
+    #[case::a_plain_field(
+        "spec.serviceAccountName",
+        ReferenceTarget::ServiceAccount,
+        "!has(object.spec) || (!has(object.spec.serviceAccountName) || (authorizer.group('').resource('serviceaccounts').subresource('token').namespace(object.metadata.namespace).name(object.spec.serviceAccountName).check('create').allowed()))"
+    )]
+    #[case::a_list(
+        "spec.envFrom[].secretRef.name",
+        ReferenceTarget::Secret,
+        "!has(object.spec) || (!has(object.spec.envFrom) || object.spec.envFrom.all(x0, !has(x0.secretRef) || (!has(x0.secretRef.name) || (authorizer.group('').resource('secrets').namespace(object.metadata.namespace).name(x0.secretRef.name).check('get').allowed()))))"
+    )]
+    #[case::lists_in_lists(
+        "spec.sidecars[].env[].valueFrom.configMapKeyRef.name",
+        ReferenceTarget::ConfigMap,
+        "!has(object.spec) || (!has(object.spec.sidecars) || object.spec.sidecars.all(x0, !has(x0.env) || x0.env.all(x1, !has(x1.valueFrom) || (!has(x1.valueFrom.configMapKeyRef) || (!has(x1.valueFrom.configMapKeyRef.name) || (authorizer.group('').resource('configmaps').namespace(object.metadata.namespace).name(x1.valueFrom.configMapKeyRef.name).check('get').allowed()))))))"
+    )]
+    #[case::a_reserved_word(
+        "spec.namespace",
+        ReferenceTarget::Secret,
+        "!has(object.spec) || (!has(object.spec.__namespace__) || (authorizer.group('').resource('secrets').namespace(object.metadata.namespace).name(object.spec.__namespace__).check('get').allowed()))"
+    )]
+    fn each_name_at_the_path_is_asked_of_the_authorizer(
+        #[case] path: &str,
+        #[case] target: ReferenceTarget,
+        #[case] cel: &str,
+    ) {
+        assert_eq!(expression(&reference(path, target)), cel);
+    }
+
+    #[rstest]
+    #[case::good("spec.envFrom[].secretRef.name", true)]
+    #[case::not_under_spec("metadata.name", false)]
+    #[case::only_spec("spec", false)]
+    #[case::ending_in_a_list("spec.imagePullSecrets[]", false)]
+    #[case::empty_field("spec..name", false)]
+    #[case::odd_characters("spec.a/b", false)]
+    fn paths_are_checked(#[case] path: &str, #[case] ok: bool) {
+        assert_eq!(check_path(path).is_ok(), ok, "{:?}", check_path(path));
+    }
+}
