@@ -189,12 +189,25 @@ pub fn check(
                 "contract",
                 Outcome::Pass,
                 format!(
-                    "exports wasm-operator:plugin/reconciler@{}{}",
+                    "exports wasm-operator:plugin/reconciler@{}{}{}",
                     report.contract.as_deref().unwrap_or("?"),
                     if plugin.reports() {
                         " and reporting (warnings and status, contract 1.1)"
                     } else {
                         ""
+                    },
+                    if plugin.admits() {
+                        format!(
+                            " and admission ({} reference(s) to Secrets, ConfigMaps and ServiceAccounts, contract 1.2)",
+                            plugin
+                                .info()
+                                .kinds
+                                .iter()
+                                .map(|k| k.references.len())
+                                .sum::<usize>()
+                        )
+                    } else {
+                        String::new()
                     }
                 ),
             );

@@ -536,6 +536,7 @@ mod tests {
             spec_schema: json!({ "type": "object" }),
             printer_columns: vec![],
             status_schema: None,
+            references: Vec::new(),
         };
         let names = |kind: &KindInfo| -> Vec<String> {
             printer_columns(kind).into_iter().map(|c| c.name).collect()

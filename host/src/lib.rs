@@ -34,8 +34,8 @@ pub mod schema;
 /// The plain types shared with guests (`guest-kit`).
 pub mod types {
     pub use guest_kit::{
-        Context, GroupVersionKind, KindInfo, ObservedChild, PluginInfo, PrinterColumn, Resource,
-        Warning,
+        Context, GroupVersionKind, KindInfo, ObservedChild, PluginInfo, PrinterColumn, Reference,
+        ReferenceTarget, Resource, Warning,
     };
 }
 

@@ -92,6 +92,15 @@ pub fn objects(registry: &Registry, target: &Target) -> Vec<Value> {
             vec!["customresourcedefinitions".to_owned()],
             &["get", "create", "patch"],
         ));
+        // The admission policies of the Kinds whose specs name other objects (contract 1.2).
+        cluster_rules.push(rule(
+            "admissionregistration.k8s.io",
+            vec![
+                "validatingadmissionpolicies".to_owned(),
+                "validatingadmissionpolicybindings".to_owned(),
+            ],
+            &["get", "create", "patch"],
+        ));
     }
     // The Pod Security level a namespace enforces (its label) is what the pods the operator
     // renders there are held to. A RoleBinding grants this for its own namespace.

@@ -191,6 +191,7 @@ impl Plugin for DatastorePlugin {
                 .into_iter()
                 .map(|k| KindInfo {
                     status_schema: Some(status_schema()),
+                    references: references(),
                     ..k
                 })
                 .collect(),
@@ -724,6 +725,16 @@ fn backup(
             } },
         },
     }))
+}
+
+/// The fields of a Datastore-shaped spec that name other objects of its namespace: the
+/// workload's, the root credentials and the backup's S3 credentials.
+fn references() -> Vec<guest_kit::Reference> {
+    use guest_kit::{Reference, ReferenceTarget::Secret};
+    let mut refs = schema::workload_references();
+    refs.push(Reference::new("spec.credentialsSecret", Secret));
+    refs.push(Reference::new("spec.backup.s3CredentialsSecret", Secret));
+    refs
 }
 
 /// The OpenAPI schema of a Datastore-shaped spec.

@@ -20,7 +20,7 @@ pub mod bindings {
 /// Conversions between the WIT records and the crate's plain types.
 pub mod adapter {
     #[cfg(target_family = "wasm")]
-    pub use wasm::{describe, render, render_reported, status, status_schemas};
+    pub use wasm::{describe, references, render, render_reported, status, status_schemas};
 
     #[cfg(target_family = "wasm")]
     mod wasm {
@@ -140,6 +140,29 @@ pub mod adapter {
                 .collect()
         }
 
+        /// `admission.references`, for the plugin `P`: the references its Kinds declare.
+        pub fn references<P: Plugin>(ctx: wit::Context) -> Vec<wit::Reference> {
+            P::describe(&context(ctx))
+                .kinds
+                .into_iter()
+                .flat_map(|k| {
+                    let (group, kind) = (k.group, k.kind);
+                    k.references.into_iter().map(move |r| wit::Reference {
+                        group: group.clone(),
+                        kind: kind.clone(),
+                        path: r.path,
+                        target: match r.target {
+                            crate::ReferenceTarget::Secret => wit::ReferenceTarget::Secret,
+                            crate::ReferenceTarget::ConfigMap => wit::ReferenceTarget::ConfigMap,
+                            crate::ReferenceTarget::ServiceAccount => {
+                                wit::ReferenceTarget::ServiceAccount
+                            }
+                        },
+                    })
+                })
+                .collect()
+        }
+
         /// `reporting.status`, for the plugin `P`.
         pub fn status<P: Plugin>(
             resource: wit::Resource,
@@ -164,8 +187,8 @@ pub mod adapter {
     }
 }
 
-/// Exports a [`crate::Plugin`] implementation as the component's `reconciler` and `reporting`
-/// interfaces (contract 1.1).
+/// Exports a [`crate::Plugin`] implementation as the component's `reconciler`, `reporting` and
+/// `admission` interfaces (contract 1.2).
 ///
 /// ```ignore
 /// pub struct MyPlugin;
@@ -183,7 +206,7 @@ macro_rules! export_plugin {
         mod __guest_kit_export {
             #[allow(unused_imports, reason = "the plugin type may be named relative to the parent")]
             use super::*;
-            use $crate::__bindings::exports::wasm_operator::plugin::{reconciler, reporting};
+            use $crate::__bindings::exports::wasm_operator::plugin::{admission, reconciler, reporting};
             use $crate::__bindings::wasm_operator::plugin::types;
 
             struct Component;
@@ -206,6 +229,12 @@ macro_rules! export_plugin {
                     ctx: types::Context,
                 ) -> Result<String, types::RenderError> {
                     $crate::__adapter::status::<$plugin>(resource, children, ctx)
+                }
+            }
+
+            impl admission::Guest for Component {
+                fn references(ctx: types::Context) -> Vec<types::Reference> {
+                    $crate::__adapter::references::<$plugin>(ctx)
                 }
             }
 

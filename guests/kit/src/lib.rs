@@ -23,8 +23,8 @@ mod types;
 
 pub use types::{
     Context, GroupVersionKind, KindInfo, ObservedChild, Plugin, PluginInfo, PrinterColumn,
-    RenderError, Rendered, Resource, Result, Warning, WireResource, render_wire,
-    render_wire_reported,
+    Reference, ReferenceTarget, RenderError, Rendered, Resource, Result, Warning, WireResource,
+    render_wire, render_wire_reported,
 };
 
 #[doc(hidden)]

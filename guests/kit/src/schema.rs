@@ -342,3 +342,46 @@ pub fn workload_properties() -> Vec<(&'static str, Value)> {
         ("serviceMonitor", service_monitor()),
     ]
 }
+
+/// Every field of [`workload_properties`] that names another object of the resource's namespace
+/// (contract 1.2): the ServiceAccount of the pods, the Secrets and ConfigMaps of the main
+/// container's, the sidecars' and the init containers' environments, of the volumes, the image
+/// pull Secrets, and the Secrets of `kmsSecrets` (the credentials read, and the Secret the KMS
+/// operator writes).
+pub fn workload_references() -> Vec<crate::Reference> {
+    use crate::{Reference, ReferenceTarget::*};
+    let mut refs = vec![
+        Reference::new("spec.serviceAccountName", ServiceAccount),
+        Reference::new("spec.imagePullSecrets[].name", Secret),
+        Reference::new("spec.kmsSecrets[].credentialsRef.name", Secret),
+        Reference::new("spec.kmsSecrets[].managedSecretName", Secret),
+        Reference::new("spec.kmsSecrets[].secretName", Secret),
+    ];
+    for container in ["spec", "spec.sidecars[]", "spec.initContainers[]"] {
+        for (path, target) in [
+            ("env[].valueFrom.secretKeyRef.name", Secret),
+            ("env[].valueFrom.configMapKeyRef.name", ConfigMap),
+            ("envFrom[].secretRef.name", Secret),
+            ("envFrom[].configMapRef.name", ConfigMap),
+        ] {
+            refs.push(Reference::new(&format!("{container}.{path}"), target));
+        }
+    }
+    for (path, target) in [
+        ("secret.secretName", Secret),
+        ("configMap.name", ConfigMap),
+        ("projected.sources[].secret.name", Secret),
+        ("projected.sources[].configMap.name", ConfigMap),
+        ("csi.nodePublishSecretRef.name", Secret),
+        ("cephfs.secretRef.name", Secret),
+        ("rbd.secretRef.name", Secret),
+        ("iscsi.secretRef.name", Secret),
+        ("flexVolume.secretRef.name", Secret),
+        ("azureFile.secretName", Secret),
+        ("scaleIO.secretRef.name", Secret),
+        ("storageos.secretRef.name", Secret),
+    ] {
+        refs.push(Reference::new(&format!("spec.volumes[].{path}"), target));
+    }
+    refs
+}

@@ -308,6 +308,42 @@ pub struct KindInfo {
     /// The OpenAPI v3 schema (type `object`, with `properties`) of the status fields the plugin
     /// computes for this Kind with [`Plugin::status`] (contract 1.1); `None`: none.
     pub status_schema: Option<Value>,
+    /// The fields of its spec that name other objects of the resource's namespace (contract
+    /// 1.2): the API server lets a resource name one only when its author may use it.
+    pub references: Vec<Reference>,
+}
+
+/// A field of a Kind's spec that names another object of the resource's namespace, which the
+/// render hands to what it creates (contract 1.2). The operator would use that object with its
+/// own rights; the host has the API server refuse a resource whose author could not use it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reference {
+    /// The field holding the name, from the resource's root: `spec.`, then field names, with
+    /// `[]` after a list's name for each of its items (`spec.envFrom[].secretRef.name`).
+    pub path: String,
+    /// What it names.
+    pub target: ReferenceTarget,
+}
+
+/// What kind of object a spec field names, and so what its author must be allowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReferenceTarget {
+    /// A Secret (`get`).
+    Secret,
+    /// A ConfigMap (`get`).
+    ConfigMap,
+    /// A ServiceAccount the pods run as (`create` on `serviceaccounts/token`: act as it).
+    ServiceAccount,
+}
+
+impl Reference {
+    /// A reference at `path` to a `target`.
+    pub fn new(path: &str, target: ReferenceTarget) -> Self {
+        Self {
+            path: path.to_owned(),
+            target,
+        }
+    }
 }
 
 impl KindInfo {
@@ -334,6 +370,7 @@ impl KindInfo {
                 spec_schema: schema.clone(),
                 printer_columns: columns.to_vec(),
                 status_schema: None,
+                references: Vec::new(),
             })
             .collect()
     }

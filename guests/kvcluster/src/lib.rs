@@ -81,6 +81,8 @@ impl Plugin for KvClusterPlugin {
                         "size": schema::integer("Nodes asked for (spec.size)"),
                     },
                 })),
+                // Its spec names no other object.
+                references: Vec::new(),
             }],
             children: vec![
                 GroupVersionKind::new("apps", "v1", "StatefulSet"),

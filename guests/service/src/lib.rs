@@ -123,7 +123,13 @@ impl Plugin for ServicePlugin {
         PluginInfo {
             name: "service".into(),
             version: env!("CARGO_PKG_VERSION").into(),
-            kinds: KindInfo::table(&ctx.api_group, &KINDS, &spec_schema(), &printer_columns()),
+            kinds: KindInfo::table(&ctx.api_group, &KINDS, &spec_schema(), &printer_columns())
+                .into_iter()
+                .map(|k| KindInfo {
+                    references: schema::workload_references(),
+                    ..k
+                })
+                .collect(),
             children,
         }
     }

@@ -810,6 +810,7 @@ impl Loader {
             ));
         }
         self.install_crds(name, &plugin).await?;
+        self.install_policies(&plugin).await?;
         // Its child kinds are watched (and listed), and its Kinds discovered, before anything
         // of it is served: every step that can fail comes before the swap.
         self.watch_children(&plugin);
@@ -901,6 +902,20 @@ impl Loader {
             None,
             &["get", "create", "patch"],
         )];
+        // A plugin whose Kinds name other objects brings admission policies (contract 1.2).
+        if plugin.info().kinds.iter().any(|k| !k.references.is_empty()) {
+            for resource in [
+                "validatingadmissionpolicies",
+                "validatingadmissionpolicybindings",
+            ] {
+                wanted.push((
+                    "admissionregistration.k8s.io".into(),
+                    resource.into(),
+                    None,
+                    &["get", "create", "patch"],
+                ));
+            }
+        }
         // In every namespace the operator watches (or cluster-wide).
         for namespace in self.settings.scopes() {
             for kind in &plugin.info().kinds {
@@ -1090,6 +1105,42 @@ impl Loader {
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
+        }
+        Ok(())
+    }
+
+    /// Installs or updates the admission policies of the plugin's Kinds whose specs name other
+    /// objects (contract 1.2; see [`crate::policy::admission`]): server-side applied, since
+    /// their Kinds' CRDs are this Plugin's.
+    async fn install_policies(&self, plugin: &Plugin) -> Result<(), Refusal> {
+        let registry = Registry::of(self.base.context().clone(), vec![plugin.clone()])
+            .map_err(|e| Refusal::stalled("LoadFailed", e.to_string()))?;
+        for object in crate::policy::admission::for_registry(&registry) {
+            let kind = object["kind"].as_str().unwrap_or_default().to_owned();
+            let object_name = object["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            let ar = ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", &kind),
+                &crate::rbac::plural(&kind),
+            );
+            let api: Api<DynamicObject> = Api::all_with(self.shared.client.clone(), &ar);
+            let patch: DynamicObject = serde_json::from_value(object).map_err(|e| {
+                Refusal::stalled("InvalidPolicy", format!("{kind} {object_name}: {e}"))
+            })?;
+            api.patch(
+                &object_name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await
+            .map_err(|e| match &e {
+                kube::Error::Api(s) if s.code == 422 || s.code == 400 => {
+                    Refusal::stalled("InvalidPolicy", format!("{kind} {object_name}: {e}"))
+                }
+                _ => Refusal::transient("PolicyFailed", format!("{kind} {object_name}: {e}")),
+            })?;
         }
         Ok(())
     }

@@ -1,6 +1,9 @@
 //! Host bindings of `wit/plugin.wit`, and conversions to the plain types.
 
-use crate::types::{Context, GroupVersionKind, KindInfo, PluginInfo, PrinterColumn, Resource};
+use crate::types::{
+    Context, GroupVersionKind, KindInfo, PluginInfo, PrinterColumn, Reference, ReferenceTarget,
+    Resource,
+};
 
 wasmtime::component::bindgen!({
     path: "../wit",
@@ -9,25 +12,30 @@ wasmtime::component::bindgen!({
     additional_derives: [serde::Serialize, serde::Deserialize],
 });
 
-use self::exports::wasm_operator::plugin::{reconciler, reporting};
+use self::exports::wasm_operator::plugin::{admission, reconciler, reporting};
 use self::wasm_operator::plugin::types as wit;
 use super::sandbox::Sandbox;
 
 /// The interface 1.1 added, as a component names its export (without the version).
 pub(super) const REPORTING: &str = "wasm-operator:plugin/reporting";
+/// The interface 1.2 added.
+pub(super) const ADMISSION: &str = "wasm-operator:plugin/admission";
 
 /// A component ready to instantiate, with the exports the host calls found: `reconciler`
-/// (every 1.x plugin), and `reporting` when the plugin was built against 1.1 or later.
+/// (every 1.x plugin), `reporting` when the plugin was built against 1.1 or later, and
+/// `admission` against 1.2 or later.
 pub(super) struct Pre {
     instance_pre: wasmtime::component::InstancePre<Sandbox>,
     reconciler: reconciler::GuestIndices,
     reporting: Option<reporting::GuestIndices>,
+    admission: Option<admission::GuestIndices>,
 }
 
 /// One instance's exports.
 pub(super) struct Instance {
     pub reconciler: reconciler::Guest,
     pub reporting: Option<reporting::Guest>,
+    pub admission: Option<admission::Guest>,
 }
 
 impl Pre {
@@ -43,10 +51,16 @@ impl Pre {
         } else {
             None
         };
+        let admission = if exports.iter().any(|e| e.starts_with(ADMISSION)) {
+            Some(admission::GuestIndices::new(&instance_pre)?)
+        } else {
+            None
+        };
         Ok(Self {
             instance_pre,
             reconciler,
             reporting,
+            admission,
         })
     }
 
@@ -55,12 +69,21 @@ impl Pre {
         self.reporting.is_some()
     }
 
+    /// Whether the plugin exports `admission` (contract 1.2).
+    pub fn admits(&self) -> bool {
+        self.admission.is_some()
+    }
+
     pub fn instantiate(&self, store: &mut wasmtime::Store<Sandbox>) -> wasmtime::Result<Instance> {
         let instance = self.instance_pre.instantiate(&mut *store)?;
         Ok(Instance {
             reconciler: self.reconciler.load(&mut *store, &instance)?,
             reporting: match &self.reporting {
                 Some(r) => Some(r.load(&mut *store, &instance)?),
+                None => None,
+            },
+            admission: match &self.admission {
+                Some(a) => Some(a.load(&mut *store, &instance)?),
                 None => None,
             },
         })
@@ -176,10 +199,12 @@ pub(super) fn resource(r: &Resource) -> wit::Resource {
     }
 }
 
-/// Converts and checks what `describe` (and, for a 1.1 plugin, `status-schemas`) returned.
+/// Converts and checks what `describe` (and, for a 1.1 plugin, `status-schemas`, and for a 1.2
+/// plugin, `references`) returned.
 pub(super) fn plugin_info(
     info: wit::PluginInfo,
     status: Vec<wit::StatusSchema>,
+    references: Vec<wit::Reference>,
 ) -> Result<PluginInfo, String> {
     let mut status = status_schemas(status)?;
     if info.kinds.is_empty() {
@@ -206,6 +231,7 @@ pub(super) fn plugin_info(
                 .map(|i| status.swap_remove(i).2);
             Ok(KindInfo {
                 status_schema,
+                references: Vec::new(),
                 group: k.group,
                 versions: k.versions,
                 kind: k.kind,
@@ -241,6 +267,39 @@ pub(super) fn plugin_info(
             kind: g.kind,
         })
         .collect();
+    let mut kinds = kinds;
+    // Each Kind's schema with its Kubernetes types inlined, made once for all its references.
+    let mut inlined: Vec<Option<serde_json::Value>> = vec![None; kinds.len()];
+    for r in references {
+        let Some((i, kind)) = kinds
+            .iter_mut()
+            .enumerate()
+            .find(|(_, k)| k.group == r.group && k.kind == r.kind)
+        else {
+            return Err(format!(
+                "references names {} ({}), which describe() does not",
+                r.kind, r.group
+            ));
+        };
+        let target = match r.target {
+            wit::ReferenceTarget::Secret => ReferenceTarget::Secret,
+            wit::ReferenceTarget::ConfigMap => ReferenceTarget::ConfigMap,
+            wit::ReferenceTarget::ServiceAccount => ReferenceTarget::ServiceAccount,
+        };
+        let schema = inlined[i].get_or_insert_with(|| {
+            let mut schema = kind.spec_schema.clone();
+            // A `$ref` no Kubernetes type answers stays, and the path through it is refused.
+            let _ = crate::crd::inline_refs(&mut schema);
+            schema
+        });
+        crate::policy::admission::check_path(&r.path)
+            .and_then(|()| crate::policy::admission::in_schema(schema, &r.path))
+            .map_err(|e| format!("{}: {e}", kind.kind))?;
+        kind.references.push(Reference {
+            path: r.path,
+            target,
+        });
+    }
     let info = PluginInfo {
         name: info.name,
         version: info.version,

@@ -328,9 +328,9 @@ impl Runtime {
     /// else by calling it, and caching the answer.
     fn description(&self, inner: &Inner, ctx: &Context) -> std::result::Result<PluginInfo, String> {
         if let Some(cache) = &self.cache
-            && let Some((raw, status)) = cache.load_description(&inner.sha256, ctx)
+            && let Some((raw, status, references)) = cache.load_description(&inner.sha256, ctx)
         {
-            match bindings::plugin_info(raw, status) {
+            match bindings::plugin_info(raw, status, references) {
                 Ok(info) => return Ok(info),
                 Err(e) => {
                     tracing::warn!(plugin = %inner.source, "ignoring a cached description: {e}")
@@ -338,7 +338,7 @@ impl Runtime {
             }
         }
         let raw = inner.describe_raw(ctx).map_err(|e| e.to_string())?;
-        let info = bindings::plugin_info(raw.0.clone(), raw.1.clone())
+        let info = bindings::plugin_info(raw.0.clone(), raw.1.clone(), raw.2.clone())
             .map_err(|e| PluginError::BadDescription(e).to_string())?;
         if let Some(cache) = &self.cache {
             cache.store_description(&inner.sha256, ctx, &raw);
@@ -408,10 +408,12 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// What `describe` returned, with what `status-schemas` returned (none before 1.1).
+/// What `describe` returned, with what `status-schemas` returned (none before 1.1) and what
+/// `references` returned (none before 1.2).
 type RawDescription = (
     bindings::wasm_operator::plugin::types::PluginInfo,
     Vec<bindings::wasm_operator::plugin::types::StatusSchema>,
+    Vec<bindings::wasm_operator::plugin::types::Reference>,
 );
 
 struct Inner {
@@ -432,13 +434,17 @@ impl Inner {
                 Some(r) => r.call_status_schemas(&mut *store, &wit_ctx)?,
                 None => Vec::new(),
             };
-            Ok((info, status))
+            let references = match &p.admission {
+                Some(a) => a.call_references(&mut *store, &wit_ctx)?,
+                None => Vec::new(),
+            };
+            Ok((info, status, references))
         })
     }
 
     fn describe(&self, ctx: &Context) -> std::result::Result<PluginInfo, PluginError> {
-        let (info, status) = self.describe_raw(ctx)?;
-        bindings::plugin_info(info, status).map_err(PluginError::BadDescription)
+        let (info, status, references) = self.describe_raw(ctx)?;
+        bindings::plugin_info(info, status, references).map_err(PluginError::BadDescription)
     }
 }
 
@@ -503,6 +509,12 @@ impl Plugin {
     /// manifests, and may compute status fields.
     pub fn reports(&self) -> bool {
         self.inner.pre.reports()
+    }
+
+    /// Whether the plugin exports `admission` (contract 1.2): it declares the references its
+    /// Kinds' specs make (none at all before 1.2).
+    pub fn admits(&self) -> bool {
+        self.inner.pre.admits()
     }
 
     /// Renders `resource` in a fresh instance; each manifest is parsed as a JSON object. Any

@@ -16,6 +16,17 @@ use crate::types::{KindInfo, Reference, ReferenceTarget};
 /// The label on every policy and binding the host generates.
 const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "wasm-operator");
 
+/// The policies and bindings of every Kind the registry serves whose spec names other objects:
+/// what `host admission` prints, the chart installs for the built-in plugins, and the operator
+/// installs with a `Plugin`'s CRDs.
+pub fn for_registry(registry: &crate::registry::Registry) -> Vec<Value> {
+    registry
+        .kinds()
+        .filter_map(|(_, kind)| objects(kind))
+        .flatten()
+        .collect()
+}
+
 /// The policy and its binding for `kind`, or none when its spec names no other object.
 pub fn objects(kind: &KindInfo) -> Option<[Value; 2]> {
     if kind.references.is_empty() {
@@ -65,15 +76,15 @@ pub fn objects(kind: &KindInfo) -> Option<[Value; 2]> {
 
 /// What the requester must be allowed, as a sentence for the refusal.
 fn message(r: &Reference) -> String {
-    let (what, right) = match r.target {
-        ReferenceTarget::Secret => ("a Secret", "get secrets"),
-        ReferenceTarget::ConfigMap => ("a ConfigMap", "get configmaps"),
+    let (what, may, right) = match r.target {
+        ReferenceTarget::Secret => ("a Secret", "get", "get secrets"),
+        ReferenceTarget::ConfigMap => ("a ConfigMap", "get", "get configmaps"),
         ReferenceTarget::ServiceAccount => {
-            ("a ServiceAccount", "create serviceaccounts/token (act as it)")
+            ("a ServiceAccount", "act as", "create serviceaccounts/token")
         }
     };
     format!(
-        "{} names {what} that you may not use yourself ({right} on that name in this namespace); the operator would use it for you",
+        "{} names {what} you may not {may} yourself ({right}, for that name in this namespace), which the operator would use for you",
         r.path
     )
 }
@@ -82,12 +93,9 @@ fn message(r: &Reference) -> String {
 pub fn expression(r: &Reference) -> String {
     let segments: Vec<&str> = r.path.split('.').collect();
     let mut depth = 0;
-    all(
-        "object",
-        segments.as_slice(),
-        &mut depth,
-        &|name: &str| allowed(r.target, name),
-    )
+    all("object", segments.as_slice(), &mut depth, &|name: &str| {
+        allowed(r.target, name)
+    })
 }
 
 /// `pred` for every value at `path` under `base` (a CEL expression), absent fields and lists
@@ -134,8 +142,24 @@ fn allowed(target: ReferenceTarget, name: &str) -> String {
 /// cannot hold are escaped (`namespace` is `__namespace__`, `-` is `__dash__`).
 fn escape(field: &str) -> String {
     const RESERVED: [&str; 18] = [
-        "as", "break", "const", "continue", "else", "false", "for", "function", "if", "import",
-        "in", "let", "loop", "package", "namespace", "null", "return", "var",
+        "as",
+        "break",
+        "const",
+        "continue",
+        "else",
+        "false",
+        "for",
+        "function",
+        "if",
+        "import",
+        "in",
+        "let",
+        "loop",
+        "package",
+        "namespace",
+        "null",
+        "return",
+        "var",
     ];
     const MORE_RESERVED: [&str; 3] = ["true", "void", "while"];
     if RESERVED.contains(&field) || MORE_RESERVED.contains(&field) {
@@ -180,6 +204,48 @@ pub fn check_path(path: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Checks that the field a reference's path (already checked by [`check_path`]) names is in the
+/// Kind's spec `schema` (its `$ref`s inlined), as a string, each `[]` on an array: the API server
+/// compiles the policy's CEL against that schema, and a field it does not have would fail every
+/// request.
+pub fn in_schema(schema: &Value, path: &str) -> Result<(), String> {
+    let mut node = schema;
+    for segment in path.split('.').skip(1) {
+        let (field, list) = match segment.strip_suffix("[]") {
+            Some(field) => (field, true),
+            None => (segment, false),
+        };
+        if node.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true))
+            && node.get("properties").is_none()
+        {
+            return Err(format!(
+                "reference `{path}`: `{field}` is under a field whose schema keeps unknown fields; declare its schema"
+            ));
+        }
+        node = node
+            .get("properties")
+            .and_then(|p| p.get(field))
+            .ok_or_else(|| {
+                format!("reference `{path}`: the spec's schema has no `{field}` there")
+            })?;
+        if list {
+            if node.get("type").and_then(Value::as_str) != Some("array") {
+                return Err(format!(
+                    "reference `{path}`: `{field}` is not an array in the spec's schema"
+                ));
+            }
+            node = node.get("items").unwrap_or(&Value::Null);
+        }
+    }
+    if node.get("type").and_then(Value::as_str) == Some("string") {
+        Ok(())
+    } else {
+        Err(format!(
+            "reference `{path}`: the field is not a string in the spec's schema"
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use rstest::rstest;
@@ -220,6 +286,32 @@ mod tests {
         #[case] cel: &str,
     ) {
         assert_eq!(expression(&reference(path, target)), cel);
+    }
+
+    #[rstest]
+    #[case::a_string("spec.serviceAccountName", Ok(()))]
+    #[case::through_a_list("spec.envFrom[].secretRef.name", Ok(()))]
+    #[case::missing("spec.nothing", Err("has no `nothing` there"))]
+    #[case::a_list_without_brackets("spec.envFrom.secretRef.name", Err("has no `secretRef` there"))]
+    #[case::brackets_on_an_object(
+        "spec.envFrom[].secretRef[].name",
+        Err("`secretRef` is not an array")
+    )]
+    #[case::not_a_string("spec.envFrom[].secretRef", Err("not a string"))]
+    fn paths_must_name_a_string_of_the_schema(
+        #[case] path: &str,
+        #[case] expected: Result<(), &str>,
+    ) {
+        let schema = serde_json::json!({ "type": "object", "properties": {
+            "serviceAccountName": { "type": "string" },
+            "envFrom": { "type": "array", "items": { "type": "object", "properties": {
+                "secretRef": { "type": "object", "properties": { "name": { "type": "string" } } } } } },
+        } });
+        match (in_schema(&schema, path), expected) {
+            (Ok(()), Ok(())) => {}
+            (Err(e), Err(want)) => assert!(e.contains(want), "{e}"),
+            (got, want) => panic!("{path}: {got:?}, expected {want:?}"),
+        }
     }
 
     #[rstest]

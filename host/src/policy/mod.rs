@@ -5,11 +5,14 @@
 //! - [`pod_security`]: every pod template held to the Pod Security Standards;
 //! - [`reach`]: nothing named outside the resource's namespace, cluster-wide issuers, KMS URLs
 //!   and Ingress annotations only from the lists the operator is given;
-//! - [`names`]: the names a plugin describes itself with, checked as the API server checks them.
+//! - [`names`]: the names a plugin describes itself with, checked as the API server checks them;
+//! - [`admission`]: the references a resource may make only to objects its author may use,
+//!   checked by the API server at admission.
 //!
 //! A refusal applies nothing for the resource: its status says `Stalled`, with each rule that
 //! failed, until the resource (or the namespace, or the operator's settings) changes.
 
+pub mod admission;
 pub mod names;
 pub mod pod_security;
 pub mod reach;

@@ -90,6 +90,7 @@ mod tests {
                 spec_schema: json!({"type": "object"}),
                 printer_columns: vec![],
                 status_schema: None,
+                references: vec![],
             }],
             children: vec![GroupVersionKind {
                 group: "apps".into(),

@@ -167,6 +167,33 @@ fn the_chart_installs_what_host_crds_and_host_rbac_print() {
                 "a wildcard in {doc}"
             );
         }
+        // The admission policies are `host admission`'s, moved to the group.
+        // (Helm orders what it renders by kind.)
+        let policies = |docs: &[Value]| -> BTreeMap<String, Value> {
+            docs.iter()
+                .filter(|d| {
+                    d["kind"] == "ValidatingAdmissionPolicy"
+                        || d["kind"] == "ValidatingAdmissionPolicyBinding"
+                })
+                .map(|d| {
+                    (
+                        format!("{}/{}", d["kind"], d["metadata"]["name"]),
+                        d["spec"].clone(),
+                    )
+                })
+                .collect()
+        };
+        let host_admission = documents(&host_ok(&["admission", "--api-group", group]));
+        assert_eq!(
+            policies(&chart).len(),
+            26,
+            "a policy and a binding per hanzo Kind"
+        );
+        assert_eq!(
+            policies(&chart),
+            policies(&host_admission),
+            "the chart's admission policies under {group} differ from `host admission`; run scripts/generate"
+        );
         // Every CRD is kept when the release is uninstalled.
         for crd in chart
             .iter()
@@ -357,9 +384,19 @@ fn the_values_reach_what_the_chart_renders() {
     );
     let args = deployment(&docs)["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
     assert!(args.contains("--no-builtins"), "{args}");
+    // The namespaces' Pod Security labels are read whatever the plugins.
     assert_eq!(
         *rules(&docs, "ClusterRole"),
-        serde_json::json!([{ "apiGroups": ["example.com"], "resources": ["sites"], "verbs": ["get", "list", "watch"] }])
+        serde_json::json!([
+            { "apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"] },
+            { "apiGroups": ["example.com"], "resources": ["sites"], "verbs": ["get", "list", "watch"] },
+        ])
+    );
+    assert!(
+        !docs
+            .iter()
+            .any(|d| d["kind"] == "ValidatingAdmissionPolicy"),
+        "the built-in plugins' admission policies without them"
     );
 
     // Two replicas with no leader would both write: refused.

@@ -99,7 +99,7 @@ fn the_built_in_plugins_pass_with_their_examples() {
         assert_eq!(code, 0, "{report:#}");
         assert_eq!(report["passed"], true);
         assert_eq!(report["component"]["sha256"], builtin.sha256);
-        assert_eq!(report["contract"], "1.1.0");
+        assert_eq!(report["contract"], "1.2.0");
         assert!(
             finding(&report, "contract").1.contains("and reporting"),
             "{report:#}"
@@ -134,7 +134,7 @@ fn the_javascript_plugin_passes_with_its_example() {
     );
     assert_eq!(
         report["component"]["imports"],
-        serde_json::json!(["wasm-operator:plugin/types@1.1.0"]),
+        serde_json::json!(["wasm-operator:plugin/types@1.2.0"]),
         "{report:#}"
     );
     for check in ["render", "pure"] {

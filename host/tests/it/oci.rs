@@ -107,7 +107,7 @@ fn a_pushed_plugin_pulls_back_byte_for_byte_by_tag_and_by_digest() {
     assert_eq!(report["mediaType"], "application/wasm");
     assert_eq!(report["kinds"][0]["kind"], "KVCluster");
     assert_eq!(report["children"].as_array().unwrap().len(), 2);
-    assert_eq!(report["contract"], "wasm-operator:plugin/reconciler@1.1.0");
+    assert_eq!(report["contract"], "wasm-operator:plugin/reconciler@1.2.0");
     let text = host_ok(dir.path(), &["inspect", &file.display().to_string()]);
     assert!(
         text.contains("KVCluster (storage.mydatabase.io, v1alpha1)"),

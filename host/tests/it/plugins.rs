@@ -236,6 +236,27 @@ async fn a_plugin_resource_is_served_upgraded_kept_on_a_bad_version_and_dropped_
         crd["metadata"]["annotations"][host::operator::plugins::CRD_OWNER],
         "hostile"
     );
+    // Its Kind names a Secret (contract 1.2): the admission policy and its binding come with
+    // the CRD.
+    for (kind, says) in [
+        ("validatingadmissionpolicy", "object.spec.secretName"),
+        (
+            "validatingadmissionpolicybinding",
+            "\"policyName\": \"references.hostiles.test.wasm-operator.dev\"",
+        ),
+    ] {
+        let policy = kubectl_ok(
+            &cp,
+            &[
+                "get",
+                kind,
+                "references.hostiles.test.wasm-operator.dev",
+                "-o",
+                "json",
+            ],
+        );
+        assert!(policy.contains(says), "{policy}");
+    }
 
     let admin = cp.client().await.unwrap();
     let ns = cp.namespace(&admin, "live").await.unwrap();

@@ -340,3 +340,191 @@ fn the_examples_and_fixtures_pass_the_default_rules() {
         "which resources the default rules refuse"
     );
 }
+
+/// `kubectl apply` as `user`: whether the API server took it, and what it said.
+fn try_apply_as(cp: &ControlPlane, user: &str, ns: &str, yaml: &str) -> (bool, String) {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), yaml).unwrap();
+    kubectl(
+        cp,
+        &[
+            "apply",
+            "--as",
+            user,
+            "-n",
+            ns,
+            "-f",
+            &file.path().display().to_string(),
+        ],
+    )
+}
+
+/// The policies `host admission` prints for the built-in plugins, each binding limited to `ns`
+/// (the control plane is shared with tests whose tenants make other references).
+fn install_admission(cp: &ControlPlane, ns: &str) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_host"))
+        .arg("admission")
+        .env(
+            "WASM_OPERATOR_CACHE",
+            std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
+        )
+        .output()
+        .unwrap();
+    let text = crate::support::succeeded("host admission", out);
+    let docs = host::documents::parse("admission.yaml", &text).unwrap();
+    let mut objects = Vec::new();
+    for doc in docs {
+        let mut o = doc.value;
+        if o["kind"] == "ValidatingAdmissionPolicyBinding" {
+            let name = format!("{}-{ns}", o["metadata"]["name"].as_str().unwrap());
+            o["metadata"]["name"] = name.into();
+            o["spec"]["matchResources"] = serde_json::json!({
+                "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": ns } }
+            });
+        }
+        objects.push(o);
+    }
+    assert!(objects.len() >= 2, "{text}");
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        file.path(),
+        serde_json::to_string(&serde_json::json!({
+            "apiVersion": "v1", "kind": "List", "items": objects,
+        }))
+        .unwrap(),
+    )
+    .unwrap();
+    kubectl_ok(
+        cp,
+        &[
+            "apply",
+            "--server-side",
+            "-f",
+            &file.path().display().to_string(),
+        ],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resource_may_name_only_secrets_and_service_accounts_its_author_may_use() {
+    let cp = cluster();
+    let _logs = cp.logs_on_failure();
+    let client = cp.client().await.unwrap();
+    let ns = cp.namespace(&client, "refs").await.unwrap();
+    let user = tenant(cp, &ns);
+    let with = |name: &str, extra: &str| format!("{}{extra}", named(PLAIN, name));
+    let env_from_db = "  envFrom: [{ secretRef: { name: db } }]\n";
+    install_admission(cp, &ns);
+
+    // The API server refuses a tenant's reference to a Secret it may not read (once the policy
+    // is in force: it takes a moment to be loaded).
+    let mut said = String::new();
+    crate::operator::eventually(
+        "the references policy to be in force",
+        Duration::from_secs(60),
+        || {
+            let (took, out) = try_apply_as(cp, &user, &ns, &with("leak", env_from_db));
+            if took {
+                kubectl(
+                    cp,
+                    &["delete", "-n", &ns, "services.hanzo.ai/leak", "--wait"],
+                );
+            }
+            said = out;
+            !took
+        },
+    )
+    .await;
+    assert!(
+        said.contains("spec.envFrom[].secretRef.name names a Secret you may not get yourself"),
+        "{said}"
+    );
+    // Nor a ServiceAccount it may not act as, nor a Secret in a sidecar's environment.
+    for (field, extra) in [
+        (
+            "spec.serviceAccountName",
+            "  serviceAccountName: deployer\n",
+        ),
+        (
+            "spec.sidecars[].env[].valueFrom.secretKeyRef.name",
+            "  sidecars: [{ name: s, image: busybox, env: [{ name: T, valueFrom: { secretKeyRef: { name: token, key: t } } }] }]\n",
+        ),
+        (
+            "spec.volumes[].secret.secretName",
+            "  volumes: [{ name: v, secret: { secretName: tls } }]\n",
+        ),
+    ] {
+        let (took, out) = try_apply_as(cp, &user, &ns, &with("leak", extra));
+        assert!(!took && out.contains(field), "{field}: {out}");
+    }
+    assert!(get(cp, &ns, "services.hanzo.ai/leak").is_none());
+    // What names nothing is not held up.
+    apply_as(cp, &user, &ns, &named(PLAIN, "plain"));
+
+    // Granted `get` on that one Secret, the tenant may name it, and only it.
+    crate::operator::apply(
+        cp,
+        &ns,
+        &format!(
+            "apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {{ name: read-db, namespace: {ns} }}
+rules: [{{ apiGroups: [''], resources: [secrets], resourceNames: [db], verbs: [get] }}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{ name: read-db, namespace: {ns} }}
+roleRef: {{ apiGroup: rbac.authorization.k8s.io, kind: Role, name: read-db }}
+subjects: [{{ kind: ServiceAccount, name: tenant, namespace: {ns} }}]
+"
+        ),
+    );
+    apply_as(cp, &user, &ns, &with("granted", env_from_db));
+    let (took, out) = try_apply_as(
+        cp,
+        &user,
+        &ns,
+        &with(
+            "granted",
+            "  envFrom: [{ secretRef: { name: db } }, { secretRef: { name: other } }]\n",
+        ),
+    );
+    assert!(
+        !took && out.contains("spec.envFrom[].secretRef.name"),
+        "{out}"
+    );
+
+    // An admin keeps every field: the operator renders it to Ready, its status writes not held
+    // up by the policy.
+    let op = Operator::start(cp, &ns, "hanzo.ai", &[]).await;
+    // The pods' ServiceAccount exists (the API server makes no pod for one that does not).
+    kubectl_ok(cp, &["create", "serviceaccount", "deployer", "-n", &ns]);
+    crate::operator::apply(
+        cp,
+        &ns,
+        &with(
+            "admin",
+            "  envFrom: [{ secretRef: { name: db } }]\n  serviceAccountName: deployer\n  volumes: [{ name: v, secret: { secretName: tls } }]\n",
+        ),
+    );
+    wait_ready(cp, &ns, "services.hanzo.ai/admin");
+    let pod = get(cp, &ns, "deployment/admin").unwrap()["spec"]["template"]["spec"].clone();
+    assert_eq!(pod["serviceAccountName"], "deployer");
+    assert_eq!(
+        pod["containers"][0]["envFrom"][0]["secretRef"]["name"],
+        "db"
+    );
+    wait_ready(cp, &ns, "services.hanzo.ai/granted");
+    // The tenant changing the admin's resource is held to the same rule.
+    let (took, out) = try_apply_as(
+        cp,
+        &user,
+        &ns,
+        &with(
+            "admin",
+            "  envFrom: [{ secretRef: { name: db } }]\n  serviceAccountName: deployer\n  volumes: [{ name: v, secret: { secretName: tls } }]\n  replicas: 3\n",
+        ),
+    );
+    assert!(!took && out.contains("spec.serviceAccountName"), "{out}");
+    op.stop().await;
+}

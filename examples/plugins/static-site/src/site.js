@@ -123,6 +123,15 @@ export const reporting = {
   },
 };
 
+// Contract 1.2: the spec fields that name other objects of the namespace (a Secret, a
+// ConfigMap, a ServiceAccount), which the API server lets a resource name only when its author
+// may use them. A static site names none.
+export const admission = {
+  references(ctx) {
+    return [];
+  },
+};
+
 function renderSite(resource) {
   const spec = parseSpec(resource);
   const warnings = [];

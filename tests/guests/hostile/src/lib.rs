@@ -20,7 +20,8 @@
 //! monotonic clock has moved by 1 s.
 
 use guest_kit::{
-    Context, GroupVersionKind, KindInfo, Plugin, PluginInfo, RenderError, Resource, Result,
+    Context, GroupVersionKind, KindInfo, Plugin, PluginInfo, Reference, ReferenceTarget,
+    RenderError, Resource, Result,
 };
 use serde_json::{Value, json};
 
@@ -117,11 +118,16 @@ impl Plugin for Hostile {
                 .into(),
                 short_names: vec![],
                 engine: None,
-                spec_schema: json!({ "type": "object", "properties": { "mode": { "type": "string" } } }),
+                spec_schema: json!({ "type": "object", "properties": {
+                    "mode": { "type": "string" },
+                    "secretName": { "type": "string" },
+                } }),
                 printer_columns: vec![],
                 status_schema: Some(
                     json!({ "type": "object", "properties": { "mode": { "type": "string" } } }),
                 ),
+                // Contract 1.2: a Secret it names (and never uses).
+                references: vec![Reference::new("spec.secretName", ReferenceTarget::Secret)],
             }],
             // Two versions of one kind: the host must treat them as one child.
             children: vec![
