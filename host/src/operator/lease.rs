@@ -28,9 +28,35 @@ pub const RENEW_DEADLINE: Duration = Duration::from_secs(10);
 /// How often the Lease is renewed or tried for.
 pub const RETRY: Duration = Duration::from_secs(2);
 
+/// How long any request of a reconciliation (an apply, a delete, a status, an event, a CRD, a
+/// read on the way) may take before it is abandoned (the Lease's own, [`RETRY`]): shorter than the gap between the renew deadline and the Lease's
+/// expiry, so that a write let through just before the fence closed is over, one way or the
+/// other, before another replica may lead.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(4);
+
 // Renewed at t, a leader stops writing at t + RENEW_DEADLINE; another replica may take the Lease
 // at t + LEASE_DURATION at the earliest, by its own clock, and a last try may be in flight.
 const _: () = assert!(RENEW_DEADLINE.as_secs() + RETRY.as_secs() < LEASE_DURATION.as_secs());
+// A write the fence let through at t + RENEW_DEADLINE ends by then too.
+const _: () =
+    assert!(RENEW_DEADLINE.as_secs() + WRITE_TIMEOUT.as_secs() < LEASE_DURATION.as_secs());
+
+/// Runs `call`, a request, for at most [`WRITE_TIMEOUT`]: one that hangs (its connection held
+/// open by a network that answers nothing) is abandoned with an error, and what waits for it (a
+/// write slot, a reconciliation, a shutdown) is not held up.
+pub async fn bounded<T>(
+    call: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T, kube::Error> {
+    match tokio::time::timeout(WRITE_TIMEOUT, call).await {
+        Ok(result) => result,
+        Err(_) => Err(kube::Error::Service(Box::new(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!(
+                "no answer within {WRITE_TIMEOUT:?}: abandoned (a write may take no longer, so that it ends before another replica may lead)"
+            ),
+        )))),
+    }
+}
 
 /// Whether this replica may write now. Without leader election it always may.
 #[derive(Debug)]

@@ -314,7 +314,7 @@ impl Shared {
             return *level;
         }
         let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(self.client.clone());
-        match api.get_metadata(namespace).await {
+        match lease::bounded(api.get_metadata(namespace)).await {
             Ok(ns) => {
                 let level = crate::policy::level_of(ns.metadata.labels.as_ref(), default);
                 lock(&self.levels).insert(namespace.to_owned(), (std::time::Instant::now(), level));
@@ -335,15 +335,20 @@ impl Shared {
         ar: &ApiResource,
         call: impl std::future::Future<Output = Result<T, kube::Error>>,
     ) -> Result<T, kube::Error> {
-        // A replica that may not write (its Lease not renewed in time) sends nothing.
+        // A replica that may not write (its Lease not renewed in time) sends nothing: checked
+        // once the write's slot is taken, since waiting for one may outlast the Lease, and
+        // bounded in time, so that a write let through ends before another replica may lead.
+        if !self.fence.allows() {
+            return Err(not_leading());
+        }
+        // The semaphore is never closed; without a permit, the write goes anyway.
+        let _permit = self.writes.acquire().await.ok();
         if !self.fence.allows() {
             return Err(not_leading());
         }
         self.metrics
             .write(verb, &format!("{}.{}", ar.plural, ar.group));
-        // The semaphore is never closed; without a permit, the write goes anyway.
-        let _permit = self.writes.acquire().await.ok();
-        call.await
+        lease::bounded(call).await
     }
 }
 

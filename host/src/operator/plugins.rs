@@ -1047,13 +1047,14 @@ impl Loader {
                         serde_json::from_value(crd).map_err(|e| {
                             Refusal::stalled("InvalidSchema", format!("{crd_name}: {e}"))
                         })?;
-                    api.create(
+                    self.may_write()?;
+                    super::lease::bounded(api.create(
                         &PostParams {
                             field_manager: Some(FIELD_MANAGER.to_owned()),
                             ..Default::default()
                         },
                         &new,
-                    )
+                    ))
                     .await
                     .map_err(invalid)?;
                 }
@@ -1070,11 +1071,12 @@ impl Loader {
                         serde_json::from_value(crd).map_err(|e| {
                             Refusal::stalled("InvalidSchema", format!("{crd_name}: {e}"))
                         })?;
-                    api.patch(
+                    self.may_write()?;
+                    super::lease::bounded(api.patch(
                         &crd_name,
                         &PatchParams::apply(FIELD_MANAGER).force(),
                         &Patch::Apply(&patch),
-                    )
+                    ))
                     .await
                     .map_err(invalid)?;
                 }
@@ -1109,6 +1111,19 @@ impl Loader {
         Ok(())
     }
 
+    /// Whether this replica may write now: checked before each write of an install, which can
+    /// take long enough (a CRD waits to be Established) for the Lease to go meanwhile.
+    fn may_write(&self) -> Result<(), Refusal> {
+        if self.shared.fence.allows() {
+            Ok(())
+        } else {
+            Err(Refusal::transient(
+                "NotLeading",
+                "this replica no longer holds the Lease; the next leader installs it",
+            ))
+        }
+    }
+
     /// Installs or updates the admission policies of the plugin's Kinds whose specs name other
     /// objects (contract 1.2; see [`crate::policy::admission`]): server-side applied, since
     /// their Kinds' CRDs are this Plugin's.
@@ -1129,11 +1144,12 @@ impl Loader {
             let patch: DynamicObject = serde_json::from_value(object).map_err(|e| {
                 Refusal::stalled("InvalidPolicy", format!("{kind} {object_name}: {e}"))
             })?;
-            api.patch(
+            self.may_write()?;
+            super::lease::bounded(api.patch(
                 &object_name,
                 &PatchParams::apply(FIELD_MANAGER).force(),
                 &Patch::Apply(&patch),
-            )
+            ))
             .await
             .map_err(|e| match &e {
                 kube::Error::Api(s) if s.code == 422 || s.code == 400 => {
@@ -1262,13 +1278,12 @@ impl Loader {
         if !self.shared.fence.allows() {
             return;
         }
-        if let Err(e) = api
-            .patch_status(
-                &o.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(json!({ "status": fields })),
-            )
-            .await
+        if let Err(e) = super::lease::bounded(api.patch_status(
+            &o.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": fields })),
+        ))
+        .await
         {
             tracing::warn!(plugin = %o.name_any(), "status not written: {e}");
         }

@@ -901,7 +901,7 @@ fn immutable_fields(kind: &str) -> &'static [&'static str] {
 async fn immutable_fix(shared: &Shared, namespace: &str, planned: &Planned) -> String {
     let api: Api<DynamicObject> =
         Api::namespaced_with(shared.client.clone(), namespace, &planned.ar);
-    let Ok(Some(live)) = api.get_opt(&planned.name).await else {
+    let Ok(Some(live)) = super::lease::bounded(api.get_opt(&planned.name)).await else {
         return String::new();
     };
     let live = serde_json::to_value(&live).unwrap_or_default();

@@ -1370,6 +1370,28 @@ fn received(event: &Value) -> k8s_openapi::jiff::Timestamp {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_cut_off_stops_writing_before_another_takes_over() {
+    leader_partitioned(Fault::Cut).await;
+}
+
+/// A network that stops answering without a reset: the leader's writes hang, and more wait for
+/// a write slot behind them (one slot here). Each is abandoned after its timeout, and a write
+/// that gets its slot after the renew deadline is not sent: when the network comes back, after
+/// another replica took the Lease, nothing of the old leader's reaches the API server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_writes_hang_in_a_black_hole_sends_none_after_another_leads() {
+    leader_partitioned(Fault::BlackHole).await;
+}
+
+/// How replica A is cut off from the API server.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// Every connection reset, new ones refused.
+    Cut,
+    /// Every byte lost, no connection closed.
+    BlackHole,
+}
+
+async fn leader_partitioned(fault: Fault) {
     // A control plane of its own, whose audit log holds only this test's writes.
     let cp = ControlPlane::start().unwrap();
     let _logs = cp.logs_on_failure();
@@ -1405,13 +1427,16 @@ async fn a_leader_cut_off_stops_writing_before_another_takes_over() {
             .unwrap()
         }
     };
-    let a = Operator::start_with(
+    let mut a_settings = settings(vec![ns.clone()], "wasm-operator", "replica-a");
+    if fault == Fault::BlackHole {
+        // One write at a time: the others wait for its slot while it hangs.
+        a_settings.max_writes_in_flight = 1;
+    }
+    let a = Operator::start_settings(
         client(Some(proxy.url()), "replica-a").await,
-        Some(&ns),
-        "wasm-operator",
-        "replica-a",
         "hanzo.ai",
         &[],
+        a_settings,
     )
     .await;
     apply(&cp, &ns, WEB);
@@ -1433,7 +1458,20 @@ async fn a_leader_cut_off_stops_writing_before_another_takes_over() {
     assert_eq!(holder().as_deref(), Some("replica-a"));
 
     // Cut A off. The resource changes meanwhile: there is work for whoever leads.
-    proxy.cut();
+    if fault == Fault::BlackHole {
+        // A burst of work, so that A has writes in flight and more waiting when the network
+        // stops answering.
+        for i in 0..8 {
+            apply(
+                &cp,
+                &ns,
+                &WEB.replace("name: web", &format!("name: burst-{i}")),
+            );
+        }
+        proxy.black_hole();
+    } else {
+        proxy.cut();
+    }
     let cut = Instant::now();
     apply(&cp, &ns, &WEB.replace("replicas: 2", "replicas: 3"));
     eventually(

@@ -391,6 +391,7 @@ fn resource_render(checker: &Checker, resource: &Resource) -> Result<Option<bool
                 PluginError::Deadline(_)
                 | PluginError::Memory { .. }
                 | PluginError::OutputTooLarge { .. }
+                | PluginError::HandedTooMuch { .. }
                 | PluginError::ErrorTooLarge { .. }
                 | PluginError::TooManyManifests { .. }
                     if spec_len >= LARGE_SPEC =>
@@ -400,6 +401,7 @@ fn resource_render(checker: &Checker, resource: &Resource) -> Result<Option<bool
                 PluginError::Deadline(_)
                 | PluginError::Memory { .. }
                 | PluginError::OutputTooLarge { .. }
+                | PluginError::HandedTooMuch { .. }
                 | PluginError::ErrorTooLarge { .. }
                 | PluginError::TooManyManifests { .. } => fail("guest-limit"),
                 PluginError::BadManifest { .. }

@@ -939,7 +939,7 @@ impl Drop for ControlPlane {
 /// server: [`Proxy::cut`] closes every connection through it and refuses new ones (they are
 /// accepted and closed at once) until [`Proxy::restore`]; [`Proxy::stall`] holds every byte the
 /// client sends (a half-open partition: requests hang, while what the server sends, a watch's
-/// events, still arrives).
+/// events, still arrives); [`Proxy::black_hole`] loses every byte both ways and closes nothing.
 #[derive(Debug)]
 pub struct Proxy {
     addr: std::net::SocketAddr,
@@ -950,6 +950,7 @@ pub struct Proxy {
 struct ProxyState {
     cut: std::sync::atomic::AtomicBool,
     stall: std::sync::atomic::AtomicBool,
+    black_hole: std::sync::atomic::AtomicBool,
     stop: std::sync::atomic::AtomicBool,
     open: Mutex<Vec<std::net::TcpStream>>,
 }
@@ -989,6 +990,10 @@ impl Proxy {
                                 Ok(0) | Err(_) => break,
                                 Ok(n) => n,
                             };
+                            // A black hole loses every byte, both ways, and closes nothing.
+                            if state.black_hole.load(Ordering::Relaxed) {
+                                continue;
+                            }
                             while hold
                                 && state.stall.load(Ordering::Relaxed)
                                 && !state.stop.load(Ordering::Relaxed)
@@ -1047,8 +1052,21 @@ impl Proxy {
             .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Lets connections through again.
+    /// Loses every byte through the proxy, both ways, on open connections and new ones (which
+    /// it still accepts), and closes none, until restored: a network that stops answering
+    /// without a reset. Requests hang until their client gives up; none reaches the server.
+    pub fn black_hole(&self) {
+        self.state
+            .black_hole
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Lets connections through again (those that lost bytes in a black hole are broken, and
+    /// their clients make new ones).
     pub fn restore(&self) {
+        self.state
+            .black_hole
+            .store(false, std::sync::atomic::Ordering::Relaxed);
         self.state
             .cut
             .store(false, std::sync::atomic::Ordering::Relaxed);
