@@ -28,8 +28,9 @@ pub const RENEW_DEADLINE: Duration = Duration::from_secs(10);
 /// How often the Lease is renewed or tried for.
 pub const RETRY: Duration = Duration::from_secs(2);
 
-/// How long any request of a reconciliation (an apply, a delete, a status, an event, a CRD, a
-/// read on the way) may take before it is abandoned (the Lease's own, [`RETRY`]): shorter than the gap between the renew deadline and the Lease's
+/// With leader election, how long any request of a reconciliation (an apply, a delete, a status,
+/// an event, a CRD, a read on the way) may take before it is abandoned (a Lease request may take
+/// [`RETRY`]): shorter than the gap between the renew deadline and the Lease's
 /// expiry, so that a write let through just before the fence closed is over, one way or the
 /// other, before another replica may lead.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(4);
@@ -44,7 +45,7 @@ const _: () =
 /// Runs `call`, a request, for at most [`WRITE_TIMEOUT`]: one that hangs (its connection held
 /// open by a network that answers nothing) is abandoned with an error, and what waits for it (a
 /// write slot, a reconciliation, a shutdown) is not held up.
-pub async fn bounded<T>(
+async fn bounded<T>(
     call: impl std::future::Future<Output = Result<T, kube::Error>>,
 ) -> Result<T, kube::Error> {
     match tokio::time::timeout(WRITE_TIMEOUT, call).await {
@@ -98,6 +99,20 @@ impl Fence {
 
     fn close(&self) {
         self.until_ms.store(0, Ordering::Release);
+    }
+
+    /// Runs `call`, a request of this replica: with leader election, for at most
+    /// [`WRITE_TIMEOUT`], so that one let through before the fence closed is over before another
+    /// replica may lead; without, as long as it takes (an admission webhook may take its 10 s).
+    pub async fn bounded<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, kube::Error> {
+        if self.until_ms.load(Ordering::Acquire) == u64::MAX {
+            call.await
+        } else {
+            bounded(call).await
+        }
     }
 }
 

@@ -304,27 +304,29 @@ impl Shared {
 
     /// The Pod Security level `namespace` enforces (its `pod-security.kubernetes.io/enforce`
     /// label), else the operator's default; read again when older than [`LEVEL_TTL`]. A namespace
-    /// that cannot be read gets the default: the API server's own Pod Security admission still
-    /// holds its pods to its label.
-    pub(crate) async fn pod_security_level(&self, namespace: &str) -> crate::policy::Level {
+    /// the operator may not read gets the default (the API server's own Pod Security admission
+    /// still holds its pods to its label); any other failure is one to retry, not a verdict.
+    pub(crate) async fn pod_security_level(
+        &self,
+        namespace: &str,
+    ) -> Result<crate::policy::Level, kube::Error> {
         let default = self.rules.pod_security;
         if let Some((at, level)) = lock(&self.levels).get(namespace)
             && at.elapsed() < LEVEL_TTL
         {
-            return *level;
+            return Ok(*level);
         }
         let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(self.client.clone());
-        match lease::bounded(api.get_metadata(namespace)).await {
-            Ok(ns) => {
-                let level = crate::policy::level_of(ns.metadata.labels.as_ref(), default);
-                lock(&self.levels).insert(namespace.to_owned(), (std::time::Instant::now(), level));
-                level
-            }
-            Err(e) => {
-                tracing::warn!(%namespace, "cannot read the namespace's Pod Security label, holding its pods to {default}: {e}");
+        let level = match self.fence.bounded(api.get_metadata(namespace)).await {
+            Ok(ns) => crate::policy::level_of(ns.metadata.labels.as_ref(), default),
+            Err(kube::Error::Api(s)) if s.code == 403 => {
+                tracing::warn!(%namespace, "may not read the namespace's Pod Security label (grant get on namespaces: host rbac), holding its pods to {default}");
                 default
             }
-        }
+            Err(e) => return Err(e),
+        };
+        lock(&self.levels).insert(namespace.to_owned(), (std::time::Instant::now(), level));
+        Ok(level)
     }
 
     /// Sends one write of a child (`verb`: apply, delete) within the budget of writes in flight,
@@ -348,7 +350,7 @@ impl Shared {
         }
         self.metrics
             .write(verb, &format!("{}.{}", ar.plural, ar.group));
-        lease::bounded(call).await
+        self.fence.bounded(call).await
     }
 }
 

@@ -1048,15 +1048,17 @@ impl Loader {
                             Refusal::stalled("InvalidSchema", format!("{crd_name}: {e}"))
                         })?;
                     self.may_write()?;
-                    super::lease::bounded(api.create(
-                        &PostParams {
-                            field_manager: Some(FIELD_MANAGER.to_owned()),
-                            ..Default::default()
-                        },
-                        &new,
-                    ))
-                    .await
-                    .map_err(invalid)?;
+                    self.shared
+                        .fence
+                        .bounded(api.create(
+                            &PostParams {
+                                field_manager: Some(FIELD_MANAGER.to_owned()),
+                                ..Default::default()
+                            },
+                            &new,
+                        ))
+                        .await
+                        .map_err(invalid)?;
                 }
                 // Ours: applied on the version read, so that a change meanwhile (its owner
                 // annotation removed, say) is seen before anything is written over it.
@@ -1072,13 +1074,15 @@ impl Loader {
                             Refusal::stalled("InvalidSchema", format!("{crd_name}: {e}"))
                         })?;
                     self.may_write()?;
-                    super::lease::bounded(api.patch(
-                        &crd_name,
-                        &PatchParams::apply(FIELD_MANAGER).force(),
-                        &Patch::Apply(&patch),
-                    ))
-                    .await
-                    .map_err(invalid)?;
+                    self.shared
+                        .fence
+                        .bounded(api.patch(
+                            &crd_name,
+                            &PatchParams::apply(FIELD_MANAGER).force(),
+                            &Patch::Apply(&patch),
+                        ))
+                        .await
+                        .map_err(invalid)?;
                 }
             }
             // Served once Established.
@@ -1145,18 +1149,20 @@ impl Loader {
                 Refusal::stalled("InvalidPolicy", format!("{kind} {object_name}: {e}"))
             })?;
             self.may_write()?;
-            super::lease::bounded(api.patch(
-                &object_name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&patch),
-            ))
-            .await
-            .map_err(|e| match &e {
-                kube::Error::Api(s) if s.code == 422 || s.code == 400 => {
-                    Refusal::stalled("InvalidPolicy", format!("{kind} {object_name}: {e}"))
-                }
-                _ => Refusal::transient("PolicyFailed", format!("{kind} {object_name}: {e}")),
-            })?;
+            self.shared
+                .fence
+                .bounded(api.patch(
+                    &object_name,
+                    &PatchParams::apply(FIELD_MANAGER).force(),
+                    &Patch::Apply(&patch),
+                ))
+                .await
+                .map_err(|e| match &e {
+                    kube::Error::Api(s) if s.code == 422 || s.code == 400 => {
+                        Refusal::stalled("InvalidPolicy", format!("{kind} {object_name}: {e}"))
+                    }
+                    _ => Refusal::transient("PolicyFailed", format!("{kind} {object_name}: {e}")),
+                })?;
         }
         Ok(())
     }
@@ -1278,12 +1284,15 @@ impl Loader {
         if !self.shared.fence.allows() {
             return;
         }
-        if let Err(e) = super::lease::bounded(api.patch_status(
-            &o.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "status": fields })),
-        ))
-        .await
+        if let Err(e) = self
+            .shared
+            .fence
+            .bounded(api.patch_status(
+                &o.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "status": fields })),
+            ))
+            .await
         {
             tracing::warn!(plugin = %o.name_any(), "status not written: {e}");
         }

@@ -174,9 +174,10 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
         .iter()
         .any(|o| crate::policy::pod_security::pod_template(o).is_some())
     {
+        // Not known (the API server did not answer): tried again with backoff.
         ctx.shared
             .pod_security_level(&owner.resource.namespace)
-            .await
+            .await?
     } else {
         ctx.shared.rules.pod_security
     };
@@ -901,7 +902,7 @@ fn immutable_fields(kind: &str) -> &'static [&'static str] {
 async fn immutable_fix(shared: &Shared, namespace: &str, planned: &Planned) -> String {
     let api: Api<DynamicObject> =
         Api::namespaced_with(shared.client.clone(), namespace, &planned.ar);
-    let Ok(Some(live)) = super::lease::bounded(api.get_opt(&planned.name)).await else {
+    let Ok(Some(live)) = shared.fence.bounded(api.get_opt(&planned.name)).await else {
         return String::new();
     };
     let live = serde_json::to_value(&live).unwrap_or_default();

@@ -267,17 +267,10 @@ impl Reports {
                 }
                 Ok(Work::Event(event, regarding, controller)) => {
                     metrics.write("event", "events.events.k8s.io");
-                    let published = tokio::time::timeout(
-                        super::lease::WRITE_TIMEOUT,
-                        self.recorder.publish(&event, &regarding),
-                    )
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(kube::Error::Service(Box::new(std::io::Error::new(
-                            std::io::ErrorKind::TimedOut,
-                            "no answer in time: abandoned",
-                        ))))
-                    });
+                    let published = self
+                        .fence
+                        .bounded(self.recorder.publish(&event, &regarding))
+                        .await;
                     if let Err(e) = published {
                         metrics
                             .report_errors
@@ -323,12 +316,14 @@ impl Reports {
             "kind": write.ar.kind,
             "status": write.status,
         });
-        match super::lease::bounded(api.patch_status(
-            &key.name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&patch),
-        ))
-        .await
+        match self
+            .fence
+            .bounded(api.patch_status(
+                &key.name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&patch),
+            ))
+            .await
         {
             // The resource is gone: nothing to report on.
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),

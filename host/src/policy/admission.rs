@@ -44,6 +44,20 @@ pub fn objects(kind: &KindInfo) -> Option<[Value; 2]> {
             })
         })
         .collect();
+    // Whether the requester may use every object of a kind in the namespace: asked once per
+    // request (a variable is evaluated once), and the names asked one by one only when not. An
+    // authorizer check is expensive in CEL's cost model (two fit in one expression's budget), so
+    // without this an admin naming three Secrets in one list would be refused for the cost.
+    let variables: Vec<Value> = TARGETS
+        .iter()
+        .filter(|t| kind.references.iter().any(|r| r.target == **t))
+        .map(|t| {
+            json!({
+                "name": variable(*t),
+                "expression": check(*t, None),
+            })
+        })
+        .collect();
     let labels = json!({ MANAGED_BY.0: MANAGED_BY.1 });
     let policy = json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
@@ -59,6 +73,13 @@ pub fn objects(kind: &KindInfo) -> Option<[Value; 2]> {
                     "resources": [kind.plural],
                 }],
             },
+            // A change of metadata alone (labels, finalizers, the garbage collector's) or of a
+            // resource being deleted makes the operator use nothing new: not checked.
+            "matchConditions": [{
+                "name": "spec-created-or-changed",
+                "expression": "request.operation == 'CREATE' || (!has(object.metadata.deletionTimestamp) && (has(object.spec) != has(oldObject.spec) || (has(object.spec) && object.spec != oldObject.spec)))",
+            }],
+            "variables": variables,
             "validations": validations,
         },
     });
@@ -89,13 +110,32 @@ fn message(r: &Reference) -> String {
     )
 }
 
-/// The CEL that holds when every name at the reference's path is one the requester may use.
+/// Every kind of object a reference may name.
+const TARGETS: [ReferenceTarget; 3] = [
+    ReferenceTarget::Secret,
+    ReferenceTarget::ConfigMap,
+    ReferenceTarget::ServiceAccount,
+];
+
+/// The policy variable saying whether the requester may use every object of `target`'s kind in
+/// the namespace.
+fn variable(target: ReferenceTarget) -> &'static str {
+    match target {
+        ReferenceTarget::Secret => "allSecrets",
+        ReferenceTarget::ConfigMap => "allConfigMaps",
+        ReferenceTarget::ServiceAccount => "allServiceAccounts",
+    }
+}
+
+/// The CEL that holds when every name at the reference's path is one the requester may use:
+/// all of that kind in the namespace (the policy's variable), or each name.
 pub fn expression(r: &Reference) -> String {
     let segments: Vec<&str> = r.path.split('.').collect();
     let mut depth = 0;
-    all("object", segments.as_slice(), &mut depth, &|name: &str| {
-        allowed(r.target, name)
-    })
+    let each = all("object", segments.as_slice(), &mut depth, &|name: &str| {
+        check(r.target, Some(name))
+    });
+    format!("variables.{} || ({each})", variable(r.target))
 }
 
 /// `pred` for every value at `path` under `base` (a CEL expression), absent fields and lists
@@ -121,8 +161,9 @@ fn all(base: &str, path: &[&str], depth: &mut usize, pred: &dyn Fn(&str) -> Stri
     }
 }
 
-/// Asks the authorizer whether the requester may use the object `name` (a CEL string).
-fn allowed(target: ReferenceTarget, name: &str) -> String {
+/// Asks the authorizer whether the requester may use the object `name` (a CEL string), or with
+/// none, every object of the kind in the namespace.
+fn check(target: ReferenceTarget, name: Option<&str>) -> String {
     let (resource, subresource, verb) = match target {
         ReferenceTarget::Secret => ("secrets", "", "get"),
         ReferenceTarget::ConfigMap => ("configmaps", "", "get"),
@@ -133,8 +174,9 @@ fn allowed(target: ReferenceTarget, name: &str) -> String {
     } else {
         format!(".subresource('{subresource}')")
     };
+    let name = name.map(|n| format!(".name({n})")).unwrap_or_default();
     format!(
-        "authorizer.group('').resource('{resource}'){subresource}.namespace(object.metadata.namespace).name({name}).check('{verb}').allowed()"
+        "authorizer.group('').resource('{resource}'){subresource}.namespace(object.metadata.namespace){name}.check('{verb}').allowed()"
     )
 }
 
@@ -183,13 +225,13 @@ pub fn check_path(path: &str) -> Result<(), String> {
     for s in segments {
         any = true;
         let field = s.strip_suffix("[]").unwrap_or(s);
-        let ok = !field.is_empty()
+        let ok = field.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
             && field
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
         if !ok {
             return Err(format!(
-                "reference `{path}`: `{s}` is not a field name (letters, digits, `_`, `-`), optionally followed by `[]`"
+                "reference `{path}`: `{s}` is not a field name (a letter or `_`, then letters, digits, `_`, `-`), optionally followed by `[]`"
             ));
         }
     }
@@ -205,9 +247,8 @@ pub fn check_path(path: &str) -> Result<(), String> {
 }
 
 /// Checks that the field a reference's path (already checked by [`check_path`]) names is in the
-/// Kind's spec `schema` (its `$ref`s inlined), as a string, each `[]` on an array: the API server
-/// compiles the policy's CEL against that schema, and a field it does not have would fail every
-/// request.
+/// Kind's spec `schema` (its `$ref`s inlined), as a string, each `[]` on an array: a reference
+/// to a field the API server prunes would check nothing, and one through a non-list would fail.
 pub fn in_schema(schema: &Value, path: &str) -> Result<(), String> {
     let mut node = schema;
     for segment in path.split('.').skip(1) {
@@ -285,7 +326,15 @@ mod tests {
         #[case] target: ReferenceTarget,
         #[case] cel: &str,
     ) {
-        assert_eq!(expression(&reference(path, target)), cel);
+        let variable = match target {
+            ReferenceTarget::Secret => "allSecrets",
+            ReferenceTarget::ConfigMap => "allConfigMaps",
+            ReferenceTarget::ServiceAccount => "allServiceAccounts",
+        };
+        assert_eq!(
+            expression(&reference(path, target)),
+            format!("variables.{variable} || ({cel})")
+        );
     }
 
     #[rstest]
@@ -321,6 +370,7 @@ mod tests {
     #[case::ending_in_a_list("spec.imagePullSecrets[]", false)]
     #[case::empty_field("spec..name", false)]
     #[case::odd_characters("spec.a/b", false)]
+    #[case::a_digit_first("spec.1name", false)]
     fn paths_are_checked(#[case] path: &str, #[case] ok: bool) {
         assert_eq!(check_path(path).is_ok(), ok, "{:?}", check_path(path));
     }

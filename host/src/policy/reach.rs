@@ -111,16 +111,19 @@ pub fn check(allowed: &Allowed, namespace: &str, object: &Value) -> Reached {
             if key == CLUSTER_ISSUER_ANNOTATION {
                 let issuer = value.as_str().unwrap_or("");
                 if !allowed.cluster_issuers.contains(issuer) {
-                    refused.push(format!(
-                        "metadata.annotations[{key}]: ClusterIssuer `{issuer}` is not one the operator may use ({}; --cluster-issuer)",
-                        list(&allowed.cluster_issuers)
-                    ));
+                    refuse(refused, || {
+                        format!(
+                            "metadata.annotations[{key}]: ClusterIssuer `{issuer}` is not one the operator may use ({}; --cluster-issuer)",
+                            list(&allowed.cluster_issuers)
+                        )
+                    });
                 }
             } else if !allowed.ingress_annotation(key) {
-                refused.push(format!(
-                    "metadata.annotations[{key}]: this Ingress annotation is not passed through (allowed: {}; --ingress-annotations)",
-                    allowed.ingress_annotations.join(", ")
-                ));
+                refuse(refused, || {
+                    format!(
+                        "metadata.annotations[{key}]: this Ingress annotation is not passed through (--ingress-annotations lists those that are)"
+                    )
+                });
             }
         }
     }
@@ -129,10 +132,10 @@ pub fn check(allowed: &Allowed, namespace: &str, object: &Value) -> Reached {
     {
         let host = host.as_str().unwrap_or("");
         if !allowed.kms_hosts.contains(host) {
-            refused.push(format!(
+            refused.push(crate::error::bounded(format!(
                 "spec.hostAPI: `{host}` is not a KMS API the operator may use ({}; --kms-host-api)",
                 list(&allowed.kms_hosts)
-            ));
+            ), MAX_REFUSAL));
         }
     }
     reached
@@ -149,6 +152,21 @@ fn list(set: &BTreeSet<String>) -> String {
     }
 }
 
+/// The most refusals of one kind said of one object: a plugin could return a hundred thousand
+/// fields, each of which would otherwise make a message.
+const MAX_SAID: usize = 10;
+/// The most bytes of one refusal (a path is as long as the plugin makes its keys).
+const MAX_REFUSAL: usize = 512;
+
+/// Adds a refusal, made only while fewer than [`MAX_SAID`] are said, and cut to [`MAX_REFUSAL`].
+fn refuse(refused: &mut Vec<String>, make: impl FnOnce() -> String) {
+    if refused.len() < MAX_SAID {
+        refused.push(crate::error::bounded(make(), MAX_REFUSAL));
+    } else if refused.len() == MAX_SAID {
+        refused.push("and more".to_owned());
+    }
+}
+
 /// Any field named `namespace` or `…Namespace` holding another namespace than the resource's:
 /// a Secret reference into `kms-system`, a target elsewhere.
 fn other_namespaces(value: &Value, namespace: &str, at: &mut String, refused: &mut Vec<String>) {
@@ -158,9 +176,11 @@ fn other_namespaces(value: &Value, namespace: &str, at: &mut String, refused: &m
             && !ns.is_empty()
             && ns != namespace
         {
-            refused.push(format!(
-                "{path}: names namespace `{ns}`; a resource may only refer to its own namespace `{namespace}`"
-            ));
+            refuse(refused, || {
+                format!(
+                    "{path}: names namespace `{ns}`; a resource may only refer to its own namespace `{namespace}`"
+                )
+            });
         }
     });
 }
@@ -176,10 +196,12 @@ fn cluster_issuer_refs(
         if key == "issuerRef" && v.get("kind").and_then(Value::as_str) == Some("ClusterIssuer") {
             let issuer = v.get("name").and_then(Value::as_str).unwrap_or("");
             if !allowed.cluster_issuers.contains(issuer) {
-                refused.push(format!(
-                    "{path}: ClusterIssuer `{issuer}` is not one the operator may use ({}; --cluster-issuer)",
-                    list(&allowed.cluster_issuers)
-                ));
+                refuse(refused, || {
+                    format!(
+                        "{path}: ClusterIssuer `{issuer}` is not one the operator may use ({}; --cluster-issuer)",
+                        list(&allowed.cluster_issuers)
+                    )
+                });
             }
         }
     });
@@ -291,6 +313,24 @@ mod tests {
         assert_eq!(
             reached.namespaces.len(),
             usize::from(expected.contains("names namespace"))
+        );
+    }
+
+    #[test]
+    fn a_flood_of_refusals_is_said_in_ten_short_ones() {
+        let key = "k".repeat(1 << 20);
+        let many: serde_json::Map<String, Value> = (0..10_000)
+            .map(|i| (format!("n{i}Namespace"), Value::from("other")))
+            .collect();
+        let object = json!({ "kind": "Thing", "spec": { key: many } });
+        let reached = check(&allowed(), "team", &object);
+        assert_eq!(reached.namespaces.len(), MAX_SAID + 1);
+        assert_eq!(reached.namespaces[MAX_SAID], "and more");
+        assert!(
+            reached
+                .namespaces
+                .iter()
+                .all(|r| r.len() < MAX_REFUSAL + 64)
         );
     }
 

@@ -504,10 +504,25 @@ subjects: [{{ kind: ServiceAccount, name: tenant, namespace: {ns} }}]
         &ns,
         &with(
             "admin",
-            "  envFrom: [{ secretRef: { name: db } }]\n  serviceAccountName: deployer\n  volumes: [{ name: v, secret: { secretName: tls } }]\n",
+            // Five Secrets in one list: each name would be an authorizer check, and CEL's cost
+            // model fits two in one expression; an admin passes on the namespace-wide one.
+            "  envFrom: [{ secretRef: { name: db } }]\n  serviceAccountName: deployer\n  volumes: [{ name: v, secret: { secretName: tls } }]\n  env: [{ name: A, valueFrom: { secretKeyRef: { name: a, key: k } } }, { name: B, valueFrom: { secretKeyRef: { name: b, key: k } } }, { name: C, valueFrom: { secretKeyRef: { name: c, key: k } } }, { name: D, valueFrom: { secretKeyRef: { name: d, key: k } } }, { name: E, valueFrom: { secretKeyRef: { name: e, key: k } } }]\n",
         ),
     );
     wait_ready(cp, &ns, "services.hanzo.ai/admin");
+    // A change of its metadata alone is not checked again: the tenant may label it.
+    kubectl_ok(
+        cp,
+        &[
+            "label",
+            "--as",
+            &user,
+            "-n",
+            &ns,
+            "services.hanzo.ai/admin",
+            "team=a",
+        ],
+    );
     let pod = get(cp, &ns, "deployment/admin").unwrap()["spec"]["template"]["spec"].clone();
     assert_eq!(pod["serviceAccountName"], "deployer");
     assert_eq!(
