@@ -168,9 +168,37 @@ fn refuse(refused: &mut Vec<String>, make: impl FnOnce() -> String) {
 }
 
 /// Any field named `namespace` or `…Namespace` holding another namespace than the resource's:
-/// a Secret reference into `kms-system`, a target elsewhere.
+/// a Secret reference into `kms-system`, a target elsewhere; and a Prometheus Operator
+/// `namespaceSelector` that selects other namespaces (`any: true`, or `matchNames`), which would
+/// scrape their pods. (A label selector of namespaces, as a NetworkPolicy's, lets traffic in and
+/// reaches nothing: it is not this shape.)
 fn other_namespaces(value: &Value, namespace: &str, at: &mut String, refused: &mut Vec<String>) {
     walk(value, at, &mut |path, key, v| {
+        if key == "namespaceSelector" {
+            if v.get("any") == Some(&Value::Bool(true)) {
+                refuse(refused, || {
+                    format!(
+                        "{path}.any: selects every namespace; a resource may only refer to its own namespace `{namespace}`"
+                    )
+                });
+            }
+            let others: Vec<&str> = v
+                .get("matchNames")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .filter(|n| *n != namespace)
+                .collect();
+            if !others.is_empty() {
+                refuse(refused, || {
+                    format!(
+                        "{path}.matchNames: names namespace `{}`; a resource may only refer to its own namespace `{namespace}`",
+                        others.join("`, `")
+                    )
+                });
+            }
+        }
         if (key == "namespace" || key.ends_with("Namespace"))
             && let Some(ns) = v.as_str()
             && !ns.is_empty()
@@ -279,6 +307,8 @@ mod tests {
     #[case::namespaced_issuer(ingress(json!({ "cert-manager.io/issuer": "team-ca" })))]
     #[case::pod_with_no_reach(json!({ "kind": "Deployment", "spec": { "template": { "spec": {
         "containers": [{ "name": "a", "env": [{ "name": "NAMESPACE", "value": "other" }] }] } } } }))]
+    #[case::a_monitor_of_its_own_namespace(json!({ "kind": "ServiceMonitor", "spec": { "namespaceSelector": { "matchNames": ["team"] } } }))]
+    #[case::traffic_from_labelled_namespaces(json!({ "kind": "NetworkPolicy", "spec": { "ingress": [{ "from": [{ "namespaceSelector": { "matchLabels": { "team": "ops" } } }] }] } }))]
     fn objects_that_stay_home_pass(#[case] object: Value) {
         assert_eq!(check(&allowed(), "team", &object), Reached::default());
     }
@@ -297,6 +327,8 @@ mod tests {
     #[case::auth_url(ingress(json!({ "nginx.ingress.kubernetes.io/auth-url": "http://x" })), "auth-url]")]
     #[case::certificate_issuer_ref(json!({ "kind": "Certificate", "spec": { "issuerRef": { "kind": "ClusterIssuer", "name": "internal-ca" } } }), "spec.issuerRef: ClusterIssuer `internal-ca`")]
     #[case::namespace_in_a_list(json!({ "kind": "Thing", "spec": { "targets": [{ "namespace": "kube-system" }] } }), "spec.targets[0].namespace: names namespace `kube-system`")]
+    #[case::a_monitor_of_every_namespace(json!({ "kind": "ServiceMonitor", "spec": { "namespaceSelector": { "any": true } } }), "spec.namespaceSelector.any: selects every namespace")]
+    #[case::a_monitor_of_another_namespace(json!({ "kind": "ServiceMonitor", "spec": { "namespaceSelector": { "matchNames": ["team", "payments"] } } }), "spec.namespaceSelector.matchNames: names namespace `payments`")]
     fn objects_that_reach_out_are_refused_naming_the_field(
         #[case] object: Value,
         #[case] expected: &str,
@@ -312,7 +344,7 @@ mod tests {
         // A namespace named is said apart from a name not on the operator's lists.
         assert_eq!(
             reached.namespaces.len(),
-            usize::from(expected.contains("names namespace"))
+            usize::from(expected.contains("namespace"))
         );
     }
 
