@@ -39,22 +39,10 @@ subjects: [{{ kind: ServiceAccount, name: tenant, namespace: {ns} }}]
     format!("system:serviceaccount:{ns}:tenant")
 }
 
-/// `kubectl apply` as `user`.
+/// `kubectl apply` as `user`, which must succeed.
 fn apply_as(cp: &ControlPlane, user: &str, ns: &str, yaml: &str) {
-    let file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(file.path(), yaml).unwrap();
-    kubectl_ok(
-        cp,
-        &[
-            "apply",
-            "--as",
-            user,
-            "-n",
-            ns,
-            "-f",
-            &file.path().display().to_string(),
-        ],
-    );
+    let (took, out) = try_apply_as(cp, user, ns, yaml);
+    assert!(took, "kubectl apply as {user}: {out}\n{yaml}");
 }
 
 /// A Service that asks for everything a tenant must not get: privileged containers, the node's
