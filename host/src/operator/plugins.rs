@@ -809,8 +809,11 @@ impl Loader {
                 "this replica does not hold the Lease",
             ));
         }
-        self.install_crds(name, &plugin).await?;
-        self.install_policies(&plugin).await?;
+        // The plugin alone: what its CRDs and admission policies are made from.
+        let own = Registry::of(self.base.context().clone(), vec![plugin.clone()])
+            .map_err(|e| Refusal::stalled("LoadFailed", e.to_string()))?;
+        self.install_crds(name, &own).await?;
+        self.install_policies(&own).await?;
         // Its child kinds are watched (and listed), and its Kinds discovered, before anything
         // of it is served: every step that can fail comes before the swap.
         self.watch_children(&plugin);
@@ -997,10 +1000,8 @@ impl Loader {
 
     /// Installs or updates the CRDs of the plugin's Kinds (server-side apply), each only when it
     /// is absent or was installed for this Plugin; then waits until the API server serves them.
-    async fn install_crds(&self, name: &str, plugin: &Plugin) -> Result<(), Refusal> {
-        let registry = Registry::of(self.base.context().clone(), vec![plugin.clone()])
-            .map_err(|e| Refusal::stalled("LoadFailed", e.to_string()))?;
-        let crds = crate::crd::crds(&registry)
+    async fn install_crds(&self, name: &str, registry: &Registry) -> Result<(), Refusal> {
+        let crds = crate::crd::crds(registry)
             .map_err(|e| Refusal::stalled("InvalidSchema", e.to_string()))?;
         let api: Api<CustomResourceDefinition> = Api::all(self.shared.client.clone());
         for mut crd in crds {
@@ -1047,18 +1048,17 @@ impl Loader {
                         serde_json::from_value(crd).map_err(|e| {
                             Refusal::stalled("InvalidSchema", format!("{crd_name}: {e}"))
                         })?;
-                    self.may_write()?;
-                    self.shared
-                        .fence
-                        .bounded(api.create(
+                    self.send(
+                        api.create(
                             &PostParams {
                                 field_manager: Some(FIELD_MANAGER.to_owned()),
                                 ..Default::default()
                             },
                             &new,
-                        ))
-                        .await
-                        .map_err(invalid)?;
+                        ),
+                        invalid,
+                    )
+                    .await?;
                 }
                 // Ours: applied on the version read, so that a change meanwhile (its owner
                 // annotation removed, say) is seen before anything is written over it.
@@ -1073,16 +1073,15 @@ impl Loader {
                         serde_json::from_value(crd).map_err(|e| {
                             Refusal::stalled("InvalidSchema", format!("{crd_name}: {e}"))
                         })?;
-                    self.may_write()?;
-                    self.shared
-                        .fence
-                        .bounded(api.patch(
+                    self.send(
+                        api.patch(
                             &crd_name,
                             &PatchParams::apply(FIELD_MANAGER).force(),
                             &Patch::Apply(&patch),
-                        ))
-                        .await
-                        .map_err(invalid)?;
+                        ),
+                        invalid,
+                    )
+                    .await?;
                 }
             }
             // Served once Established.
@@ -1115,26 +1114,28 @@ impl Loader {
         Ok(())
     }
 
-    /// Whether this replica may write now: checked before each write of an install, which can
-    /// take long enough (a CRD waits to be Established) for the Lease to go meanwhile.
-    fn may_write(&self) -> Result<(), Refusal> {
-        if self.shared.fence.allows() {
-            Ok(())
-        } else {
-            Err(Refusal::transient(
+    /// Sends one write of an install, if this replica may write now (an install can take long
+    /// enough, a CRD waiting to be Established, for the Lease to go meanwhile), within the
+    /// fence's time bound; `refusal` says what a failure means.
+    async fn send<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, kube::Error>>,
+        refusal: impl FnOnce(kube::Error) -> Refusal,
+    ) -> Result<T, Refusal> {
+        if !self.shared.fence.allows() {
+            return Err(Refusal::transient(
                 "NotLeading",
                 "this replica no longer holds the Lease; the next leader installs it",
-            ))
+            ));
         }
+        self.shared.fence.bounded(call).await.map_err(refusal)
     }
 
     /// Installs or updates the admission policies of the plugin's Kinds whose specs name other
     /// objects (contract 1.2; see [`crate::policy::admission`]): server-side applied, since
     /// their Kinds' CRDs are this Plugin's.
-    async fn install_policies(&self, plugin: &Plugin) -> Result<(), Refusal> {
-        let registry = Registry::of(self.base.context().clone(), vec![plugin.clone()])
-            .map_err(|e| Refusal::stalled("LoadFailed", e.to_string()))?;
-        for object in crate::policy::admission::for_registry(&registry) {
+    async fn install_policies(&self, registry: &Registry) -> Result<(), Refusal> {
+        for object in crate::policy::admission::for_registry(registry) {
             let kind = object["kind"].as_str().unwrap_or_default().to_owned();
             let object_name = object["metadata"]["name"]
                 .as_str()
@@ -1148,21 +1149,20 @@ impl Loader {
             let patch: DynamicObject = serde_json::from_value(object).map_err(|e| {
                 Refusal::stalled("InvalidPolicy", format!("{kind} {object_name}: {e}"))
             })?;
-            self.may_write()?;
-            self.shared
-                .fence
-                .bounded(api.patch(
+            self.send(
+                api.patch(
                     &object_name,
                     &PatchParams::apply(FIELD_MANAGER).force(),
                     &Patch::Apply(&patch),
-                ))
-                .await
-                .map_err(|e| match &e {
+                ),
+                |e| match &e {
                     kube::Error::Api(s) if s.code == 422 || s.code == 400 => {
                         Refusal::stalled("InvalidPolicy", format!("{kind} {object_name}: {e}"))
                     }
                     _ => Refusal::transient("PolicyFailed", format!("{kind} {object_name}: {e}")),
-                })?;
+                },
+            )
+            .await?;
         }
         Ok(())
     }

@@ -95,17 +95,32 @@ pub fn objects(kind: &KindInfo) -> Option<[Value; 2]> {
     Some([policy, binding])
 }
 
+/// What a reference to `target` asks of the requester: the resource, its subresource (or ""),
+/// the verb, and the object and the right in words.
+fn right(target: ReferenceTarget) -> [&'static str; 5] {
+    match target {
+        ReferenceTarget::Secret => ["secrets", "", "get", "a Secret", "get"],
+        ReferenceTarget::ConfigMap => ["configmaps", "", "get", "a ConfigMap", "get"],
+        ReferenceTarget::ServiceAccount => [
+            "serviceaccounts",
+            "token",
+            "create",
+            "a ServiceAccount",
+            "act as",
+        ],
+    }
+}
+
 /// What the requester must be allowed, as a sentence for the refusal.
 fn message(r: &Reference) -> String {
-    let (what, may, right) = match r.target {
-        ReferenceTarget::Secret => ("a Secret", "get", "get secrets"),
-        ReferenceTarget::ConfigMap => ("a ConfigMap", "get", "get configmaps"),
-        ReferenceTarget::ServiceAccount => {
-            ("a ServiceAccount", "act as", "create serviceaccounts/token")
-        }
+    let [resource, subresource, verb, what, may] = right(r.target);
+    let resource = if subresource.is_empty() {
+        resource.to_owned()
+    } else {
+        format!("{resource}/{subresource}")
     };
     format!(
-        "{} names {what} you may not {may} yourself ({right}, for that name in this namespace), which the operator would use for you",
+        "{} names {what} you may not {may} yourself ({verb} {resource}, for that name in this namespace), which the operator would use for you",
         r.path
     )
 }
@@ -164,11 +179,7 @@ fn all(base: &str, path: &[&str], depth: &mut usize, pred: &dyn Fn(&str) -> Stri
 /// Asks the authorizer whether the requester may use the object `name` (a CEL string), or with
 /// none, every object of the kind in the namespace.
 fn check(target: ReferenceTarget, name: Option<&str>) -> String {
-    let (resource, subresource, verb) = match target {
-        ReferenceTarget::Secret => ("secrets", "", "get"),
-        ReferenceTarget::ConfigMap => ("configmaps", "", "get"),
-        ReferenceTarget::ServiceAccount => ("serviceaccounts", "token", "create"),
-    };
+    let [resource, subresource, verb, _, _] = right(target);
     let subresource = if subresource.is_empty() {
         String::new()
     } else {
