@@ -1497,6 +1497,19 @@ async fn leader_partitioned(fault: Fault) {
     )
     .await;
     tokio::time::sleep(Duration::from_secs(5)).await;
+    // A steps down by itself: its last reconciliations and reports end first (each request
+    // bounded in time), which on a loaded machine can take a while.
+    let stepping_down = Instant::now();
+    eventually(
+        "replica-a to step down by itself",
+        Duration::from_secs(60),
+        || a.is_finished(),
+    )
+    .await;
+    println!(
+        "replica-a ended {:?} after the check began",
+        stepping_down.elapsed()
+    );
     let ended = a.finish().await;
     assert!(
         matches!(&ended, Err(host::operator::Error::Lease(_))),
