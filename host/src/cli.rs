@@ -71,7 +71,7 @@ pub enum Command {
     Admission(AdmissionArgs),
     /// Run the operator: reconcile every Kind the plugins serve (in cluster, or with the current
     /// kubeconfig).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Check a plugin before it is published or served: its contract, imports, descriptions,
     /// schemas, and each example rendered within the sandbox's limits, purely. Exit 0 when every
     /// check passes, 1 when one fails, 2 when the checks could not run.
@@ -206,6 +206,12 @@ pub struct RunArgs {
     /// the API server at a time, however many reconciliations run.
     #[arg(long, default_value_t = 16)]
     pub max_writes_in_flight: u16,
+    /// The memory all plugin calls in flight may need together, such as 320Mi. Each call counts
+    /// its memory cap and four times its output cap (80Mi at the defaults) and waits, in its
+    /// namespace's turn, until that much is free; namespaces take turns, so one that floods the
+    /// operator does not hold up the others. Default: room for two calls at the sandbox limits.
+    #[arg(long, value_parser = parse_bytes, value_name = "BYTES")]
+    pub render_memory: Option<usize>,
     /// Threads for the operator's asynchronous work (watches, API calls, status). Renders run
     /// on threads of their own; one is enough for the rest, and spares the CPU it shares.
     #[arg(long, default_value_t = 1)]
@@ -784,6 +790,23 @@ fn check(args: &CheckArgs) -> Result<ExitCode, Error> {
 
 /// How long a reconciliation may run before `/healthz` fails: as asked, but never less than a
 /// render may take (a healthy operator would be restarted in a loop), else the default.
+/// `--render-memory`, else room for [`DEFAULT_CALLS_IN_FLIGHT`] calls at the sandbox limits;
+/// refused when not even one call fits.
+fn render_memory(args: &RunArgs) -> Result<u64, Error> {
+    let needs = args.plugins.sandbox.limits().call_memory();
+    let budget = match args.render_memory {
+        Some(bytes) => u64::try_from(bytes).unwrap_or(u64::MAX),
+        None => needs.saturating_mul(DEFAULT_CALLS_IN_FLIGHT),
+    };
+    if budget < needs {
+        return Err(Error::RenderMemoryTooSmall { budget, needs });
+    }
+    Ok(budget)
+}
+
+/// How many plugin calls at the sandbox limits the default `--render-memory` has room for.
+pub const DEFAULT_CALLS_IN_FLIGHT: u64 = 2;
+
 fn stuck_after(asked: Option<Duration>, render_wait: Duration) -> Duration {
     match asked {
         Some(d) if d < render_wait => {
@@ -826,6 +849,7 @@ fn run(args: &RunArgs) -> Result<ExitCode, Error> {
         identity,
         concurrency: args.concurrency.max(1),
         max_writes_in_flight: args.max_writes_in_flight.max(1),
+        render_memory: render_memory(args)?,
         render_wait,
         unready_after: args.unready_after,
         stuck_after: stuck_after(args.stuck_after, render_wait),
@@ -1115,6 +1139,32 @@ mod tests {
                 output_bytes: 1 << 20,
                 max_manifests: 50,
             }
+        );
+    }
+
+    fn run_args(args: &[&str]) -> RunArgs {
+        let cli = Cli::try_parse_from(["host", "run"].iter().chain(args)).unwrap();
+        match cli.command {
+            Command::Run(run) => *run,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_render_memory_is_room_for_two_calls_unless_set_and_never_less_than_one() {
+        assert_eq!(render_memory(&run_args(&[])).unwrap(), 160 << 20);
+        assert_eq!(
+            render_memory(&run_args(&["--plugin-memory=16Mi", "--plugin-output=1Mi"])).unwrap(),
+            40 << 20
+        );
+        assert_eq!(
+            render_memory(&run_args(&["--render-memory=1Gi"])).unwrap(),
+            1 << 30
+        );
+        let e = render_memory(&run_args(&["--render-memory=64Mi"])).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "--render-memory 64Mi is less than one plugin call may need, 80Mi (--plugin-memory and 4 times --plugin-output); raise it, or lower those"
         );
     }
 }

@@ -122,6 +122,53 @@ fn strip_descriptions(v: &mut Value) {
     }
 }
 
+/// The most items a list of an inlined Kubernetes type may hold (an `env` list:
+/// [`MAX_ENV`]), unless Kubernetes bounds it.
+pub const MAX_ITEMS: u64 = 256;
+/// The most variables an inlined container's `env` may hold: as many as the main container's.
+pub const MAX_ENV: u64 = 512;
+/// The longest a string of an inlined Kubernetes type may be (an env value, a script in
+/// `command`), unless Kubernetes bounds it.
+pub const MAX_STRING: u64 = 64 << 10;
+/// The most entries a map of an inlined Kubernetes type may hold.
+pub const MAX_ENTRIES: u64 = 64;
+/// The longest an int-or-string of an inlined Kubernetes type may be (a quantity, a port name).
+pub const MAX_INT_OR_STRING: u64 = 64;
+
+/// Bounds every list, map and string of an inlined Kubernetes type that Kubernetes leaves
+/// unbounded, so that the API server refuses a resource that would have a render copy a huge
+/// list (and so that the CEL of admission policies has bounded costs). `name` is the property
+/// `v` is the schema of.
+fn bound(v: &mut Value, name: &str) {
+    let Value::Object(o) = v else { return };
+    let is = |t: &str| o.get("type").and_then(Value::as_str) == Some(t);
+    if o.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true)) {
+        o.entry("maxLength").or_insert(MAX_INT_OR_STRING.into());
+    } else if is("array") {
+        let max = if name == "env" { MAX_ENV } else { MAX_ITEMS };
+        o.entry("maxItems").or_insert(max.into());
+    } else if is("string") && !o.contains_key("enum") {
+        o.entry("maxLength").or_insert(MAX_STRING.into());
+    } else if is("object") && o.contains_key("additionalProperties") {
+        o.entry("maxProperties").or_insert(MAX_ENTRIES.into());
+    }
+    if let Some(Value::Object(props)) = o.get_mut("properties") {
+        for (k, child) in props.iter_mut() {
+            bound(child, k);
+        }
+    }
+    for key in ["items", "additionalProperties"] {
+        if let Some(child) = o.get_mut(key) {
+            bound(child, "");
+        }
+    }
+    for key in ["allOf", "anyOf", "oneOf"] {
+        if let Some(Value::Array(children)) = o.get_mut(key) {
+            children.iter_mut().for_each(|c| bound(c, ""));
+        }
+    }
+}
+
 /// Replaces every `$ref` to a Kubernetes type with its schema; `Err(ref)` for an unknown one.
 pub fn inline_refs(v: &mut Value) -> std::result::Result<(), String> {
     match v {
@@ -132,6 +179,7 @@ pub fn inline_refs(v: &mut Value) -> std::result::Result<(), String> {
                     .trim_start_matches("#/components/schemas/");
                 let mut schema = kubernetes_schema(name).ok_or_else(|| r.clone())?;
                 strip_descriptions(&mut schema);
+                bound(&mut schema, "");
                 o.remove("$ref");
                 if let Value::Object(s) = schema {
                     for (k, val) in s {
@@ -627,6 +675,66 @@ mod tests {
                 "Volume lacks {source}"
             );
         }
+    }
+
+    /// Where below `v` a list, map, string or int-or-string has no bound.
+    fn unbounded(v: &Value, at: &str, found: &mut Vec<String>) {
+        let Value::Object(o) = v else { return };
+        let t = o.get("type").and_then(Value::as_str);
+        let missing = match t {
+            Some("array") => !o.contains_key("maxItems"),
+            Some("string") => !o.contains_key("maxLength") && !o.contains_key("enum"),
+            Some("object") => {
+                o.contains_key("additionalProperties") && !o.contains_key("maxProperties")
+            }
+            _ => o.contains_key("x-kubernetes-int-or-string") && !o.contains_key("maxLength"),
+        };
+        if missing {
+            found.push(at.to_owned());
+        }
+        for (k, child) in o {
+            unbounded(child, &format!("{at}.{k}"), found);
+        }
+    }
+
+    #[test]
+    fn every_list_map_and_string_of_a_built_in_spec_is_bounded() {
+        let runtime = crate::plugin::Runtime::new(Default::default(), None).unwrap();
+        let registry = Registry::load(&runtime, Default::default(), true, &[]).unwrap();
+        for crd in crds(&registry).unwrap() {
+            let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+            let mut found = Vec::new();
+            unbounded(&schema["properties"]["spec"], "spec", &mut found);
+            assert!(
+                found.is_empty(),
+                "{}: unbounded {found:?}",
+                crd["metadata"]["name"]
+            );
+        }
+    }
+
+    #[test]
+    fn inlined_kubernetes_types_bound_every_list_map_and_string() {
+        let mut v = json!({ "$ref": "#/definitions/io.k8s.api.core.v1.Container" });
+        inline_refs(&mut v).unwrap();
+        let p = &v["properties"];
+        assert_eq!(p["env"]["maxItems"], MAX_ENV);
+        assert_eq!(p["ports"]["maxItems"], MAX_ITEMS);
+        assert_eq!(p["command"]["items"]["maxLength"], MAX_STRING);
+        assert_eq!(
+            p["env"]["items"]["properties"]["value"]["maxLength"],
+            MAX_STRING
+        );
+        let limits = &p["resources"]["properties"]["limits"];
+        assert_eq!(limits["maxProperties"], MAX_ENTRIES);
+        assert_eq!(
+            limits["additionalProperties"]["maxLength"],
+            MAX_INT_OR_STRING
+        );
+        // Nothing is left unbounded, anywhere in the type.
+        let mut found = Vec::new();
+        unbounded(&v, "Container", &mut found);
+        assert!(found.is_empty(), "unbounded: {found:?}");
     }
 
     #[test]

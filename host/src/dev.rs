@@ -197,6 +197,13 @@ async fn operate(
         identity: "host-dev".into(),
         concurrency: 16,
         max_writes_in_flight: 16,
+        render_memory: crate::cli::DEFAULT_CALLS_IN_FLIGHT
+            * registry
+                .plugins()
+                .iter()
+                .map(|p| p.limits().call_memory())
+                .max()
+                .unwrap_or_default(),
         render_wait,
         unready_after: Duration::from_secs(30),
         stuck_after: crate::operator::Settings::default_stuck_after(render_wait),

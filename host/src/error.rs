@@ -32,6 +32,18 @@ pub enum PluginError {
         /// The total size it asked for.
         tried: usize,
     },
+    /// The call needs more of the memory budget of calls in flight than the whole budget
+    /// (`--render-memory`), so it never runs.
+    #[error(
+        "was not called: one call of it may need {} (its memory cap and {} times its output cap), more than all plugin calls in flight may have together, {} (--render-memory)",
+        mib(*needs), crate::plugin::OUTPUT_COPIES, mib(*budget)
+    )]
+    OverBudget {
+        /// What one call may need.
+        needs: u64,
+        /// The whole budget.
+        budget: u64,
+    },
     /// No instance could be made: the host's instance pool was exhausted by calls running at the
     /// same time. The plugin never ran.
     #[error("could not be started, too many plugin calls are running at once: {0}")]
@@ -111,6 +123,7 @@ impl PluginError {
             Self::Deadline(_) => "PluginTimeout",
             Self::Memory { .. } => "PluginMemoryExceeded",
             Self::Busy(_) => "PluginBusy",
+            Self::OverBudget { .. } => "RenderBudgetExceeded",
             Self::Panic(_) | Self::Trap(_) => "PluginTrapped",
             Self::Render { .. } => "InvalidSpec",
             Self::ErrorTooLarge { .. }
@@ -133,6 +146,7 @@ impl PluginError {
         match self {
             Self::Busy(_) | Self::Deadline(_) => true,
             Self::Memory { .. }
+            | Self::OverBudget { .. }
             | Self::Panic(_)
             | Self::Trap(_)
             | Self::Render { .. }
@@ -145,6 +159,16 @@ impl PluginError {
             | Self::BadStatus(_)
             | Self::Guard(_) => false,
         }
+    }
+}
+
+/// `bytes` in MiB, as `--render-memory` and the chart write them (`64Mi`), or in bytes when
+/// not a whole number of MiB.
+pub(crate) fn mib(bytes: u64) -> String {
+    if bytes.is_multiple_of(1 << 20) {
+        format!("{}Mi", bytes >> 20)
+    } else {
+        format!("{bytes} bytes")
     }
 }
 
@@ -186,6 +210,17 @@ pub enum Error {
         plugin: String,
         /// Why.
         reason: String,
+    },
+    /// `--render-memory` leaves no room for even one plugin call.
+    #[error(
+        "--render-memory {} is less than one plugin call may need, {} (--plugin-memory and {} times --plugin-output); raise it, or lower those",
+        mib(*budget), mib(*needs), crate::plugin::OUTPUT_COPIES
+    )]
+    RenderMemoryTooSmall {
+        /// `--render-memory`.
+        budget: u64,
+        /// What one call may need.
+        needs: u64,
     },
     /// Two plugins from the command line serve the same Kind.
     #[error("plugins {first} and {second} both serve {kind}; pass only one of them")]
@@ -261,6 +296,14 @@ mod tests {
             (
                 PluginError::Memory { limit: 1, tried: 2 },
                 "PluginMemoryExceeded",
+                false,
+            ),
+            (
+                PluginError::OverBudget {
+                    needs: 80 << 20,
+                    budget: 64 << 20,
+                },
+                "RenderBudgetExceeded",
                 false,
             ),
             (PluginError::Panic(s()), "PluginTrapped", false),

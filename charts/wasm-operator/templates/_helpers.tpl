@@ -58,3 +58,52 @@ An API group of the generated files (written for the default group, hanzo.ai) mo
 {{- end -}}
 {{- toJson $docs -}}
 {{- end -}}
+
+{{/*
+A size (such as 64Mi, 512Ki, 1Gi or a number of bytes), in KiB, as `host` reads its size flags.
+*/}}
+{{- define "wasm-operator.kibibytes" -}}
+{{- $v := toString . -}}
+{{- if regexMatch "^[0-9]+Gi$" $v -}}{{ mul (trimSuffix "Gi" $v | atoi) 1048576 }}
+{{- else if regexMatch "^[0-9]+Mi$" $v -}}{{ mul (trimSuffix "Mi" $v | atoi) 1024 }}
+{{- else if regexMatch "^[0-9]+Ki$" $v -}}{{ trimSuffix "Ki" $v | atoi }}
+{{- else if regexMatch "^[0-9]+$" $v -}}{{ div (atoi $v) 1024 }}
+{{- else -}}{{ fail (printf "%q is not a size such as 64Mi (units: Ki, Mi, Gi)" $v) }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+KiB written as Mi when whole, else as Ki.
+*/}}
+{{- define "wasm-operator.size" -}}
+{{- if eq (mod (int .) 1024) 0 -}}{{ div (int .) 1024 }}Mi{{- else -}}{{ . }}Ki{{- end -}}
+{{- end -}}
+
+{{/*
+The memory budget of plugin calls in flight (host run --render-memory), in KiB: room for
+sandbox.callsInFlight calls, each counted as host counts it, its memory cap and four times its
+output cap (OUTPUT_COPIES in host/src/plugin/mod.rs).
+*/}}
+{{- define "wasm-operator.renderMemoryKi" -}}
+{{- $memory := include "wasm-operator.kibibytes" .Values.sandbox.memory | atoi -}}
+{{- $output := include "wasm-operator.kibibytes" .Values.sandbox.output | atoi -}}
+{{- $calls := int .Values.sandbox.callsInFlight -}}
+{{- if lt $calls 1 -}}{{ fail "sandbox.callsInFlight must be 1 or more" }}{{- end -}}
+{{- mul $calls (add $memory (mul 4 $output)) -}}
+{{- end -}}
+
+{{/*
+The container's resources: .Values.resources, with limits.memory, when not given, derived as
+baseMemory plus the budget of plugin calls in flight.
+*/}}
+{{- define "wasm-operator.resources" -}}
+{{- $resources := deepCopy .Values.resources -}}
+{{- $limits := dig "limits" dict $resources -}}
+{{- if not (get $limits "memory") -}}
+{{- $base := include "wasm-operator.kibibytes" .Values.baseMemory | atoi -}}
+{{- $calls := include "wasm-operator.renderMemoryKi" . | atoi -}}
+{{- $_ := set $limits "memory" (include "wasm-operator.size" (add $base $calls)) -}}
+{{- $_ := set $resources "limits" $limits -}}
+{{- end -}}
+{{- toYaml $resources -}}
+{{- end -}}

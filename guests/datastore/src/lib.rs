@@ -739,7 +739,7 @@ fn references() -> Vec<guest_kit::Reference> {
 
 /// The OpenAPI schema of a Datastore-shaped spec.
 pub fn spec_schema() -> Value {
-    use schema::{array, boolean, enumeration, integer, object, string};
+    use schema::{array, boolean, enumeration, integer, max_items, object, string, string_item};
     let mut props = schema::workload_properties();
     props.extend([
         (
@@ -779,7 +779,8 @@ pub fn spec_schema() -> Value {
                 &[],
             ),
         ),
-        ("serviceAliases", array("Extra ClusterIP Services with the same selector and ports.", json!({ "type": "string" }))),
+        // Each alias is one more Service, with every port and label.
+        ("serviceAliases", max_items(array("Extra ClusterIP Services with the same selector and ports.", string_item(63)), 16)),
     ]);
     object(
         "The desired state of a stateful workload.",

@@ -6,19 +6,46 @@
 
 use serde_json::{Map, Value, json};
 
-/// A reference to a Kubernetes type, for example `io.k8s.api.core.v1.Volume`.
+/// The longest a [`string`] may be unless bounded otherwise ([`max_length`]): room for any
+/// name, path or URL a spec holds.
+pub const MAX_STRING: u64 = 1024;
+
+/// The most items an [`array`] may hold unless bounded otherwise ([`max_items`]).
+pub const MAX_ITEMS: u64 = 256;
+
+/// The most entries a [`string_map`] may hold, and the longest each value may be.
+pub const MAX_MAP_ENTRIES: u64 = 64;
+/// See [`MAX_MAP_ENTRIES`].
+pub const MAX_MAP_VALUE: u64 = 16 << 10;
+
+/// The longest an int-or-string's string form may be (a quantity, a percentage, a port name).
+pub const MAX_INT_OR_STRING: u64 = 64;
+
+// Every list, map and string a builder makes is bounded: the API server then refuses a spec
+// that would have a render copy it over and over (a Service's Ingress repeats every path rule
+// under every host), before any plugin runs. A Kind that needs more or less says so with
+// [`max_items`] and [`max_length`].
+
+/// A reference to a Kubernetes type, for example `io.k8s.api.core.v1.Volume`. The host bounds
+/// the lists, maps and strings of the type it inlines.
 pub fn k8s(definition: &str) -> Value {
     json!({ "$ref": format!("#/definitions/{definition}") })
 }
 
-/// A string.
+/// A string of at most [`MAX_STRING`] bytes.
 pub fn string(description: &str) -> Value {
-    json!({ "type": "string", "description": description })
+    json!({ "type": "string", "description": description, "maxLength": MAX_STRING })
+}
+
+/// An undescribed string of at most `max` bytes, for the items of a list.
+pub fn string_item(max: u64) -> Value {
+    json!({ "type": "string", "maxLength": max })
 }
 
 /// A string from a fixed set.
 pub fn enumeration(description: &str, values: &[&str]) -> Value {
-    json!({ "type": "string", "description": description, "enum": values })
+    let longest = values.iter().map(|v| v.len()).max().unwrap_or(0);
+    json!({ "type": "string", "description": description, "enum": values, "maxLength": longest })
 }
 
 /// An integer (`int32` unless `format` says otherwise).
@@ -31,19 +58,47 @@ pub fn boolean(description: &str) -> Value {
     json!({ "type": "boolean", "description": description })
 }
 
-/// An int or a string (a port by number or name, a percentage).
+/// An int or a string (a port by number or name, a percentage), its string form at most
+/// [`MAX_INT_OR_STRING`] bytes.
 pub fn int_or_string(description: &str) -> Value {
-    json!({ "x-kubernetes-int-or-string": true, "description": description })
+    json!({ "x-kubernetes-int-or-string": true, "description": description, "maxLength": MAX_INT_OR_STRING })
 }
 
-/// A list of `items`.
+/// A list of at most [`MAX_ITEMS`] `items`.
 pub fn array(description: &str, items: Value) -> Value {
-    json!({ "type": "array", "description": description, "items": items })
+    json!({ "type": "array", "description": description, "items": items, "maxItems": MAX_ITEMS })
 }
 
-/// A map of strings.
+/// A map of at most [`MAX_MAP_ENTRIES`] strings, each at most [`MAX_MAP_VALUE`] bytes.
 pub fn string_map(description: &str) -> Value {
-    json!({ "type": "object", "description": description, "additionalProperties": { "type": "string" } })
+    json!({
+        "type": "object",
+        "description": description,
+        "additionalProperties": { "type": "string", "maxLength": MAX_MAP_VALUE },
+        "maxProperties": MAX_MAP_ENTRIES,
+    })
+}
+
+/// A map of at most 32 labels (label values: at most 63 bytes), as Kubernetes bounds a value.
+pub fn label_map(description: &str) -> Value {
+    json!({
+        "type": "object",
+        "description": description,
+        "additionalProperties": { "type": "string", "maxLength": 63 },
+        "maxProperties": 32,
+    })
+}
+
+/// `schema` (a list) holding at most `n` items.
+pub fn max_items(mut schema: Value, n: u64) -> Value {
+    schema["maxItems"] = n.into();
+    schema
+}
+
+/// `schema` (a string) at most `n` bytes long.
+pub fn max_length(mut schema: Value, n: u64) -> Value {
+    schema["maxLength"] = n.into();
+    schema
 }
 
 /// An object with the given properties (in order) and required ones.
@@ -66,9 +121,12 @@ pub fn image() -> Value {
         &[
             (
                 "repository",
-                string("Registry and repository, for example ghcr.io/hanzoai/example."),
+                max_length(
+                    string("Registry and repository, for example ghcr.io/hanzoai/example."),
+                    512,
+                ),
             ),
-            ("tag", string("Image tag.")),
+            ("tag", max_length(string("Image tag."), 256)),
             (
                 "pullPolicy",
                 enumeration("Image pull policy.", &["Always", "IfNotPresent", "Never"]),
@@ -80,14 +138,17 @@ pub fn image() -> Value {
 
 /// `spec.ports`.
 pub fn ports() -> Value {
-    array(
+    let ports = array(
         "Ports the container listens on and the Service exposes.",
         object(
             "A port.",
             &[
                 (
                     "name",
-                    string("Port name; required when there is more than one port."),
+                    max_length(
+                        string("Port name; required when there is more than one port."),
+                        15,
+                    ),
                 ),
                 (
                     "containerPort",
@@ -104,7 +165,9 @@ pub fn ports() -> Value {
             ],
             &["containerPort"],
         ),
-    )
+    );
+    // Each port is copied into the container, every Service and the NetworkPolicy.
+    max_items(ports, 64)
 }
 
 /// A probe in short form or with a Kubernetes handler.
@@ -155,9 +218,12 @@ pub fn network_policy() -> Value {
             ("enabled", boolean("On unless false.")),
             (
                 "allowFrom",
-                array(
-                    "Allowed sources.",
-                    k8s("io.k8s.api.networking.v1.NetworkPolicyPeer"),
+                max_items(
+                    array(
+                        "Allowed sources.",
+                        k8s("io.k8s.api.networking.v1.NetworkPolicyPeer"),
+                    ),
+                    128,
                 ),
             ),
             ("allowIngress", boolean("Allow every source.")),
@@ -191,7 +257,7 @@ pub fn service_monitor() -> Value {
 
 /// `spec.kmsSecrets`.
 pub fn kms_secrets() -> Value {
-    array(
+    let secrets = array(
         "Secrets kept filled from KMS; each becomes a KMSSecret.",
         object(
             "A KMS-managed Secret.",
@@ -229,7 +295,8 @@ pub fn kms_secrets() -> Value {
                 ),
                 (
                     "keys",
-                    array("Only these keys.", json!({ "type": "string" })),
+                    // Joined into one annotation of the KMSSecret.
+                    array("Only these keys.", string_item(253)),
                 ),
                 ("secretName", string("Alias of managedSecretName.")),
                 (
@@ -239,7 +306,9 @@ pub fn kms_secrets() -> Value {
             ],
             &[],
         ),
-    )
+    );
+    // Each becomes an object of its own, carrying every label of the resource.
+    max_items(secrets, 16)
 }
 
 /// The properties every workload Kind shares, matching [`crate::render::Workload`].
@@ -251,16 +320,22 @@ pub fn workload_properties() -> Vec<(&'static str, Value)> {
         ("ports", ports()),
         (
             "env",
-            array(
-                "Environment of the main container, passed through unchanged.",
-                core("EnvVar"),
+            max_items(
+                array(
+                    "Environment of the main container, passed through unchanged.",
+                    core("EnvVar"),
+                ),
+                512,
             ),
         ),
         (
             "envFrom",
-            array(
-                "Environment sources, passed through unchanged.",
-                core("EnvFromSource"),
+            max_items(
+                array(
+                    "Environment sources, passed through unchanged.",
+                    core("EnvFromSource"),
+                ),
+                64,
             ),
         ),
         (
@@ -290,31 +365,40 @@ pub fn workload_properties() -> Vec<(&'static str, Value)> {
         ("kmsSecrets", kms_secrets()),
         (
             "sidecars",
-            array(
-                "Extra containers, passed through unchanged.",
-                core("Container"),
+            max_items(
+                array(
+                    "Extra containers, passed through unchanged.",
+                    core("Container"),
+                ),
+                32,
             ),
         ),
         (
             "initContainers",
-            array(
-                "Init containers, passed through unchanged.",
-                core("Container"),
+            max_items(
+                array(
+                    "Init containers, passed through unchanged.",
+                    core("Container"),
+                ),
+                32,
             ),
         ),
         (
             "imagePullSecrets",
-            array("Registry credentials.", core("LocalObjectReference")),
+            max_items(
+                array("Registry credentials.", core("LocalObjectReference")),
+                32,
+            ),
         ),
-        ("serviceAccountName", string("Service account of the pods.")),
+        (
+            "serviceAccountName",
+            max_length(string("Service account of the pods."), 253),
+        ),
         (
             "command",
-            array("Entrypoint override.", json!({ "type": "string" })),
+            array("Entrypoint override.", string_item(64 << 10)),
         ),
-        (
-            "args",
-            array("Arguments override.", json!({ "type": "string" })),
-        ),
+        ("args", array("Arguments override.", string_item(64 << 10))),
         (
             "partOf",
             string("Value of the app.kubernetes.io/part-of label."),
@@ -323,16 +407,16 @@ pub fn workload_properties() -> Vec<(&'static str, Value)> {
             "component",
             string("Value of the app.kubernetes.io/component label."),
         ),
-        (
-            "labels",
-            string_map("Labels for every object and the pods."),
-        ),
+        ("labels", label_map("Labels for every object and the pods.")),
         (
             "annotations",
             string_map("Annotations for the workload and its pods."),
         ),
-        ("nodeSelector", string_map("Pod node selector.")),
-        ("tolerations", array("Pod tolerations.", core("Toleration"))),
+        ("nodeSelector", label_map("Pod node selector.")),
+        (
+            "tolerations",
+            max_items(array("Pod tolerations.", core("Toleration")), 64),
+        ),
         ("affinity", core("Affinity")),
         ("priorityClassName", string("Pod priority class.")),
         ("securityContext", core("PodSecurityContext")),

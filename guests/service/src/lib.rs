@@ -455,7 +455,10 @@ fn pdb(resource: &Resource, labels: &Map<String, Value>, p: &PdbSpec) -> Result<
 
 /// The OpenAPI schema of a Service-shaped spec.
 pub fn spec_schema() -> Value {
-    use schema::{array, boolean, enumeration, int_or_string, integer, object, string, string_map};
+    use schema::{
+        array, boolean, enumeration, int_or_string, integer, max_items, max_length, object, string,
+        string_item, string_map,
+    };
     let mut props = schema::workload_properties();
     props.extend([
         (
@@ -464,7 +467,11 @@ pub fn spec_schema() -> Value {
                 "An Ingress to the Service.",
                 &[
                     ("enabled", boolean("On unless false.")),
-                    ("hosts", array("Host names.", json!({ "type": "string" }))),
+                    // Every host gets every path rule: 32 by 32 keeps the Ingress small.
+                    (
+                        "hosts",
+                        max_items(array("Host names.", string_item(253)), 32),
+                    ),
                     ("ingressClassName", string("Ingress class.")),
                     (
                         "tls",
@@ -477,27 +484,35 @@ pub fn spec_schema() -> Value {
                     ("annotations", string_map("Annotations of the Ingress.")),
                     (
                         "pathRules",
-                        array(
-                            "Paths and their backends (default: / to the first port).",
-                            object(
-                                "A path rule.",
-                                &[
-                                    ("path", string("Path (default /).")),
-                                    (
-                                        "pathType",
-                                        enumeration(
-                                            "Path type (default Prefix).",
-                                            &["Prefix", "Exact", "ImplementationSpecific"],
+                        max_items(
+                            array(
+                                "Paths and their backends (default: / to the first port).",
+                                object(
+                                    "A path rule.",
+                                    &[
+                                        ("path", max_length(string("Path (default /)."), 256)),
+                                        (
+                                            "pathType",
+                                            enumeration(
+                                                "Path type (default Prefix).",
+                                                &["Prefix", "Exact", "ImplementationSpecific"],
+                                            ),
                                         ),
-                                    ),
-                                    ("port", int_or_string("Service port by number or name.")),
-                                    (
-                                        "serviceName",
-                                        string("Backend Service (default: this resource's)."),
-                                    ),
-                                ],
-                                &[],
+                                        ("port", int_or_string("Service port by number or name.")),
+                                        (
+                                            "serviceName",
+                                            max_length(
+                                                string(
+                                                    "Backend Service (default: this resource's).",
+                                                ),
+                                                63,
+                                            ),
+                                        ),
+                                    ],
+                                    &[],
+                                ),
                             ),
+                            32,
                         ),
                     ),
                 ],

@@ -163,6 +163,12 @@ pub struct Metrics {
     pub render_time: Family<PluginLabels, Histogram>,
     /// `wasm_operator_plugin_render_failures_total`.
     pub render_failures: Family<FailureLabels, Counter>,
+    /// `wasm_operator_render_budget_wait_seconds`: how long plugin calls waited for their share
+    /// of the memory budget (`--render-memory`).
+    pub budget_wait: Histogram,
+    /// `wasm_operator_render_budget_timeouts_total`: reconciliations that did not get their
+    /// share in time, left their slot and were tried again.
+    pub budget_timeouts: Counter,
     /// `wasm_operator_api_writes_total`: every write request the operator sends.
     pub writes: Family<WriteLabels, Counter>,
     /// `wasm_operator_watch_errors_total`: errors of the watches, by watch.
@@ -197,6 +203,18 @@ impl Default for Metrics {
             Histogram::new(exponential_buckets(0.00002, 2.0, 16))
         });
         let render_failures = Family::<FailureLabels, Counter>::default();
+        let budget_wait = Histogram::new(exponential_buckets(0.0001, 4.0, 10));
+        let budget_timeouts = Counter::default();
+        registry.register(
+            "wasm_operator_render_budget_wait_seconds",
+            "Time plugin calls waited for their share of the memory budget (--render-memory)",
+            budget_wait.clone(),
+        );
+        registry.register(
+            "wasm_operator_render_budget_timeouts",
+            "Reconciliations that waited too long for their share of the memory budget and were tried again",
+            budget_timeouts.clone(),
+        );
         let writes = Family::<WriteLabels, Counter>::default();
         let watch_errors = Family::<WatchLabels, Counter>::default();
         let report_errors = Family::<WriteLabels, Counter>::default();
@@ -259,6 +277,8 @@ impl Default for Metrics {
             active_workers,
             render_time,
             render_failures,
+            budget_wait,
+            budget_timeouts,
             writes,
             watch_errors,
             report_errors,

@@ -9,6 +9,7 @@
 //! (`Ready`, `Reconciling`, `Stalled`, `observedGeneration`); nothing is written when nothing
 //! changed.
 
+pub mod budget;
 mod children;
 pub mod lease;
 mod live;
@@ -98,6 +99,8 @@ pub struct Settings {
     pub concurrency: u16,
     /// Applies and deletes in flight at once, across every Kind.
     pub max_writes_in_flight: u16,
+    /// The memory all plugin calls in flight may need together, in bytes (see [`budget`]).
+    pub render_memory: u64,
     /// How long a reconciliation waits for a render: the plugin deadline and a margin. The
     /// sandbox stops a call at its deadline; this bounds the wait should one still not return.
     pub render_wait: Duration,
@@ -258,6 +261,8 @@ pub(crate) struct Shared {
     pub failures: Mutex<BTreeMap<report::Key, u32>>,
     /// One permit per apply or delete in flight (`Settings::max_writes_in_flight`).
     pub writes: tokio::sync::Semaphore,
+    /// The memory budget of plugin calls in flight (`Settings::render_memory`).
+    pub budget: Arc<budget::Budget>,
     /// Whether every watch (served Kinds and child kinds) has listed what it watches.
     pub synced: tokio::sync::watch::Sender<bool>,
     /// Turns true when the operator stops: what waits for `synced` waits no more.
@@ -708,6 +713,7 @@ async fn setup(
         waiting: Mutex::new(Waiting::default()),
         failures: Mutex::new(BTreeMap::new()),
         writes: tokio::sync::Semaphore::new(usize::from(settings.max_writes_in_flight)),
+        budget: budget::Budget::new(settings.render_memory),
         synced: tokio::sync::watch::Sender::new(false),
         stopping: tokio::sync::watch::Sender::new(false),
         render_wait: settings.render_wait,

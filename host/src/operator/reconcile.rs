@@ -34,6 +34,28 @@ use crate::types::Resource as PluginResource;
 
 /// How often a resource is rendered again with no event (a resync).
 const RESYNC: Duration = Duration::from_secs(600);
+
+/// How long a reconciliation waits for its share of the memory budget of plugin calls before
+/// it leaves its slot to others and is tried again. Well below the time after which `/healthz`
+/// calls a reconciliation stuck.
+const BUDGET_WAIT: Duration = Duration::from_secs(20);
+
+/// How many reconciliations of one namespace may wait for the budget at once. Past that, one
+/// does not wait but leaves its slot at once and is tried again later ([`budget_retry`]): a
+/// namespace that floods the operator then holds a few slots of each Kind, not all of them, and
+/// the resources of other namespaces get slots (and, by turns, the budget) in seconds.
+const WAITING_PER_NAMESPACE: usize = 4;
+
+/// When a reconciliation that found its namespace's share of waiting full is tried again: later
+/// the longer its namespace's queue, from a tenth of a second to half a minute.
+fn budget_retry(waiting: usize) -> Duration {
+    let tenths = u64::try_from(waiting).unwrap_or(u64::MAX).clamp(1, 300);
+    Duration::from_millis(100 * tenths)
+}
+
+/// How many times over a rendered output's parsed size its share of the budget stays held
+/// while it is applied: the parsed objects, and the bodies made of them.
+const APPLY_COPIES: u64 = 2;
 /// The annotation on a resource that asks to adopt objects of its children's names that no
 /// controller owns. It is not enough on its own: it counts only in the namespaces the operator
 /// is told adoption is a migration of (`--adopt-in-namespace`). Objects another controller owns
@@ -164,10 +186,18 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
         return Ok(Action::await_change());
     }
     let owner = Owner::of(obj, ctx);
+    let grant = match take_budget(&owner, ctx).await {
+        Ok(Ok(grant)) => grant,
+        Ok(Err(later)) => return Ok(Action::requeue(later)),
+        Err(e) => return report_render_failure(obj, ctx, &owner, e),
+    };
     let (objects, mut warnings) = match render(&owner, ctx).await? {
         Ok(rendered) => rendered,
         Err(e) => return report_render_failure(obj, ctx, &owner, e),
     };
+    // The instance is gone; what stays is the output, until it has been applied.
+    let output: u64 = objects.iter().map(super::budget::footprint).sum();
+    let grant = grant.shrink(output.saturating_mul(APPLY_COPIES));
     // Whatever the plugin, nothing is applied that its author could not have made: pods within
     // the namespace's Pod Security level, nothing named outside the namespace.
     let level = if objects
@@ -205,6 +235,7 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
     let mut applied = apply(&plan, &owner, &ctx.shared).await?;
     applied.look_again |= moved;
     let pruned = prune(&owner, ctx, &plan.desired).await;
+    drop(grant);
     let fields = match plugin_status(&owner, ctx, &applied.children).await {
         Ok(fields) => fields,
         Err(e) => {
@@ -294,6 +325,15 @@ async fn plugin_status(
         .collect();
     let resource = owner.resource.clone();
     let plugin_name = ctx.plugin().0;
+    let failed = |error| RenderError::Plugin {
+        plugin: plugin_name.clone(),
+        error,
+    };
+    let Ok(_grant) = take_budget(owner, ctx).await? else {
+        return Err(failed(PluginError::Busy(
+            "no room in the memory budget of plugin calls (--render-memory) for now".into(),
+        )));
+    };
     let task = tokio::task::spawn_blocking(move || {
         let (plugin, _) = registry.lookup(&resource.api_version, &resource.kind)?;
         plugin
@@ -303,10 +343,6 @@ async fn plugin_status(
                 error,
             })
     });
-    let failed = |error| RenderError::Plugin {
-        plugin: plugin_name.clone(),
-        error,
-    };
     match tokio::time::timeout(shared.render_wait, task).await {
         Ok(Ok(fields)) => fields.map(Option::unwrap_or_default),
         Ok(Err(joined)) => Err(failed(PluginError::Panic(joined.to_string()))),
@@ -394,6 +430,45 @@ impl Owner {
 }
 
 // --- render -------------------------------------------------------------------------------------
+
+/// The share of the memory budget one call of the resource's plugin may need, taken in the turn
+/// of the resource's namespace (see [`super::budget`]); else when to try again: its namespace
+/// already has [`WAITING_PER_NAMESPACE`] calls waiting, or the turn did not come within
+/// [`BUDGET_WAIT`]. Either way the reconciliation leaves its slot to others meanwhile.
+async fn take_budget(
+    owner: &Owner,
+    ctx: &KindCtx,
+) -> Result<Result<super::budget::Grant, Duration>, RenderError> {
+    let registry = ctx.shared.registry();
+    // A Kind no plugin serves needs nothing: its render fails at once, and says why.
+    let needs = registry
+        .lookup(&owner.resource.api_version, &owner.resource.kind)
+        .map_or(0, |(plugin, _)| plugin.limits().call_memory());
+    let budget = &ctx.shared.budget;
+    let namespace = &owner.resource.namespace;
+    let waiting = budget.waiting(namespace);
+    if waiting >= WAITING_PER_NAMESPACE {
+        return Ok(Err(budget_retry(waiting)));
+    }
+    let started = Instant::now();
+    let taken = tokio::time::timeout(BUDGET_WAIT, budget.take(namespace, needs)).await;
+    Metrics::observe(&ctx.shared.metrics.budget_wait, started.elapsed());
+    match taken {
+        Ok(Ok(grant)) => Ok(Ok(grant)),
+        Ok(Err(over)) => Err(RenderError::Plugin {
+            plugin: ctx.plugin().0,
+            error: PluginError::OverBudget {
+                needs: over.needs,
+                budget: over.budget,
+            },
+        }),
+        Err(_) => {
+            tracing::debug!(resource = %owner.display(), "no room in the memory budget of plugin calls for {BUDGET_WAIT:?}; tried again shortly");
+            ctx.shared.metrics.budget_timeouts.inc();
+            Ok(Err(budget_retry(budget.waiting(namespace))))
+        }
+    }
+}
 
 /// Renders the resource in a blocking task (the sandbox is synchronous and CPU-bound). The
 /// sandbox stops a call at its deadline; should a call still not return, the reconciliation does

@@ -62,6 +62,15 @@ impl Default for Limits {
 }
 
 impl Limits {
+    /// How much memory one call may need, counted against the budget of calls in flight
+    /// (`--render-memory`): its instance at the memory cap, and what it returns at the output
+    /// cap held [`OUTPUT_COPIES`] times over (the texts copied out, their parsed form and the
+    /// bodies sent to the API server).
+    pub fn call_memory(&self) -> u64 {
+        let output = self.output_bytes.saturating_mul(OUTPUT_COPIES);
+        u64::try_from(self.memory_bytes.saturating_add(output)).unwrap_or(u64::MAX)
+    }
+
     /// The most bytes the host allocates for what a guest hands it in one call (wasmtime's
     /// hostcall fuel): the output cap, with room for the list and string headers of as many
     /// manifests and warnings as a render may return, and no less than what a `describe` with
@@ -76,6 +85,9 @@ impl Limits {
             .max(MIN_HOSTCALL_FUEL)
     }
 }
+
+/// How many times over the host may hold a call's output at once, for [`Limits::call_memory`].
+pub const OUTPUT_COPIES: usize = 4;
 
 /// Room per returned item for the host's copies of its list entry and string headers.
 const HEADER_BYTES: usize = 4 * std::mem::size_of::<String>();
@@ -479,6 +491,11 @@ impl Plugin {
     /// Where the plugin was loaded from.
     pub fn source(&self) -> &str {
         &self.inner.source
+    }
+
+    /// The limits its calls run under.
+    pub fn limits(&self) -> Limits {
+        self.inner.limits
     }
 
     /// Whether the compiled component came from the on-disk cache (no compilation at load).

@@ -418,6 +418,64 @@ fn the_values_reach_what_the_chart_renders() {
     );
 }
 
+/// The container's memory limit is the base plus room for the plugin calls in flight, counted
+/// as the host counts them; `--render-memory` is that room.
+#[test]
+fn the_memory_limit_is_the_base_and_room_for_the_calls_in_flight() {
+    use clap::Parser;
+    let container = |sets: &[&str]| {
+        let docs = documents(&template(sets));
+        docs.iter()
+            .find(|d| d["kind"] == "Deployment")
+            .expect("a Deployment")["spec"]["template"]["spec"]["containers"][0]
+            .clone()
+    };
+    for (sets, calls, budget, limit) in [
+        (&[][..], 2, "160Mi", "288Mi"),
+        (
+            &[
+                "sandbox.memory=32Mi",
+                "sandbox.output=512Ki",
+                "sandbox.callsInFlight=3",
+                "baseMemory=100Mi",
+            ][..],
+            3,
+            "102Mi",
+            "202Mi",
+        ),
+    ] {
+        let c = container(sets);
+        assert_eq!(c["resources"]["limits"]["memory"], limit, "{sets:?}");
+        let args: Vec<&str> = c["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        let flag = format!("--render-memory={budget}");
+        assert!(args.contains(&flag.as_str()), "no {flag} in {args:?}");
+        let parsed =
+            host::cli::Cli::try_parse_from(std::iter::once("host").chain(args.iter().copied()))
+                .unwrap_or_else(|e| panic!("host does not take {args:?}: {e}"));
+        let host::cli::Command::Run(run) = parsed.command else {
+            panic!("not `host run`: {args:?}")
+        };
+        let per_call = run.plugins.sandbox.limits().call_memory();
+        assert_eq!(
+            run.render_memory.map(|b| b as u64),
+            Some(calls * per_call),
+            "{sets:?}: the chart counts a call as the host does"
+        );
+    }
+    // A limit given is kept; a size the host could not read is refused, naming it.
+    let c = container(&["resources.limits.memory=1Gi"]);
+    assert_eq!(c["resources"]["limits"]["memory"], "1Gi");
+    let out = helm(&["template", "x", CHART, "--set", "sandbox.memory=lots"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("\"lots\" is not a size"), "{err}");
+}
+
 #[test]
 fn deploy_is_the_chart_rendered() {
     let committed = std::fs::read_to_string(root().join("deploy/wasm-operator.yaml")).unwrap();

@@ -38,6 +38,12 @@ fn invalid_specs_name_the_field() {
         (format!("{SERVICE}{image}  kmsSecrets: [{{projectSlug: p}}]\n"), "spec.kmsSecrets[0].managedSecretName", "is required"),
         (format!("{SERVICE}{image}  kmsSecrets: [{{managedSecretName: s, resyncInterval: 5}}]\n"), "spec.kmsSecrets[0].resyncInterval", "minimum of 10"),
         (format!("{SERVICE}{image}  env: {{A: b}}\n"), "spec.env", "must be an array, not an object"),
+        // Lists, maps and strings are bounded, those a render multiplies tightest.
+        (format!("{SERVICE}{image}  ingress: {{hosts: [{}]}}\n", vec!["a.example"; 33].join(", ")), "spec.ingress.hosts", "at most 32 items"),
+        (format!("{SERVICE}{image}  labels: {{team: {}}}\n", "x".repeat(64)), "spec.labels.team", "at most 63"),
+        (format!("{SERVICE}{image}  env: [{}]\n", vec!["{name: A}"; 513].join(", ")), "spec.env", "at most 512 items"),
+        (format!("{SERVICE}{image}  sidecars: [{{name: s, command: [{}]}}]\n", vec!["x"; 257].join(", ")), "spec.sidecars[0].command", "at most 256 items"),
+        (format!("{DATASTORE}{image}{storage}  serviceAliases: [{}]\n", (0..17).map(|i| format!("a{i}")).collect::<Vec<_>>().join(", ")), "spec.serviceAliases", "at most 16 items"),
         (format!("{DATASTORE}{image}\n"), "spec.storage", "is required"),
         (format!("{DATASTORE}{image}  storage: {{size: fifty}}\n"), "spec.storage.size", "not a quantity"),
         (format!("{DATASTORE}{image}  storage: {{size: 50GB}}\n"), "spec.storage.size", "not a quantity"),

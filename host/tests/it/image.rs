@@ -25,6 +25,19 @@ fn image() -> String {
     })
 }
 
+/// The image's `host` binary, copied into `dir`: the operator exactly as it ships.
+pub(crate) fn binary(dir: &std::path::Path) -> std::path::PathBuf {
+    let created = podman_ok(&["create", "--pull=never", &image()]);
+    let container = Container(created.trim().to_owned());
+    let copy = dir.join("host");
+    podman_ok(&[
+        "cp",
+        &format!("{}:/usr/local/bin/host", container.0),
+        &copy.display().to_string(),
+    ]);
+    copy
+}
+
 fn podman(args: &[&str]) -> Output {
     Command::new("podman")
         .args(args)
@@ -124,15 +137,8 @@ fn the_image_is_static_scratch_and_labelled_with_the_versions() {
     ]);
     assert_eq!(out, version);
     // Reproducible on any machine: the binary names no path of the machine that built it.
-    let created = podman_ok(&["create", "--pull=never", &image]);
-    let container = Container(created.trim().to_owned());
     let dir = tempfile::tempdir().unwrap();
-    let copy = dir.path().join("host");
-    podman_ok(&[
-        "cp",
-        &format!("{}:/usr/local/bin/host", container.0),
-        &copy.display().to_string(),
-    ]);
+    let copy = binary(dir.path());
     let text = String::from_utf8_lossy(&std::fs::read(&copy).unwrap()).into_owned();
     for path in [crate::support::cargo_home(), crate::support::root()] {
         let path = format!("{}/", path.display());

@@ -7,6 +7,7 @@ mod crds;
 mod dev;
 mod diff;
 mod errors;
+mod flood;
 mod image;
 mod judge;
 mod migration;

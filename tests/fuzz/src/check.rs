@@ -403,7 +403,8 @@ fn resource_render(checker: &Checker, resource: &Resource) -> Result<Option<bool
                 | PluginError::OutputTooLarge { .. }
                 | PluginError::HandedTooMuch { .. }
                 | PluginError::ErrorTooLarge { .. }
-                | PluginError::TooManyManifests { .. } => fail("guest-limit"),
+                | PluginError::TooManyManifests { .. }
+                | PluginError::OverBudget { .. } => fail("guest-limit"),
                 PluginError::BadManifest { .. }
                 | PluginError::BadDescription(_)
                 | PluginError::BadStatus(_)

@@ -1,0 +1,417 @@
+//! The memory budget of the plugin calls in flight, shared fairly across namespaces.
+//!
+//! Every plugin call may grow its instance to the memory cap and hand the host as much as the
+//! output cap, which the host then parses and applies. A call takes its share of the budget
+//! ([`crate::plugin::Limits::call_memory`]) before it starts and gives it back when it ends, so
+//! that the calls in flight together never need more than the budget (`--render-memory`), however
+//! many resources wait. A call that needs more than the whole budget is refused at once.
+//!
+//! Waiting calls are served one namespace at a time, in turn (the oldest call of each), so that
+//! a namespace that floods the operator with resources waits behind its own calls, not in front
+//! of everyone else's: a resource of a quiet namespace is served after at most one call of each
+//! other waiting namespace.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::oneshot;
+
+/// A call that needs more than the whole budget: it could never run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OverBudget {
+    /// What the call needs.
+    pub needs: u64,
+    /// The whole budget.
+    pub budget: u64,
+}
+
+/// The budget; see the module's documentation.
+#[derive(Debug)]
+pub struct Budget {
+    total: u64,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Bytes not held by any call.
+    free: u64,
+    /// The calls waiting, oldest first, by namespace (`""` for cluster-scoped work). A
+    /// namespace with none waiting has no entry.
+    waiting: BTreeMap<String, VecDeque<Waiter>>,
+    /// The namespace served last: the next turn goes to the first one after it.
+    last: Option<String>,
+    /// The next waiter's id.
+    next_id: u64,
+}
+
+#[derive(Debug)]
+struct Waiter {
+    id: u64,
+    bytes: u64,
+    granted: oneshot::Sender<()>,
+}
+
+/// A share of the budget, given back when dropped.
+#[derive(Debug)]
+pub struct Grant {
+    budget: Arc<Budget>,
+    bytes: u64,
+}
+
+impl Grant {
+    /// Keeps `bytes` of the grant (when less than it holds) and gives the rest back: a
+    /// render's share, once its output is known, shrinks to what that output takes.
+    pub fn shrink(mut self, bytes: u64) -> Self {
+        if bytes < self.bytes {
+            self.budget.give_back(self.bytes - bytes);
+            self.bytes = bytes;
+        }
+        self
+    }
+
+    /// The bytes held.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+/// About how many bytes of memory `value` takes once parsed: each value's own slot, and the
+/// bytes of every string and key with an entry's overhead. An estimate for the budget, not an
+/// allocator's count.
+pub fn footprint(value: &serde_json::Value) -> u64 {
+    use serde_json::Value;
+    const SLOT: u64 = std::mem::size_of::<Value>() as u64;
+    const ENTRY: u64 = 64;
+    let len = |s: &str| u64::try_from(s.len()).unwrap_or(u64::MAX);
+    let mut total = 0u64;
+    let mut stack = vec![value];
+    while let Some(v) = stack.pop() {
+        total = total.saturating_add(SLOT);
+        match v {
+            Value::String(s) => total = total.saturating_add(len(s)),
+            Value::Array(items) => stack.extend(items),
+            Value::Object(fields) => {
+                for (k, v) in fields {
+                    total = total.saturating_add(ENTRY + len(k));
+                    stack.push(v);
+                }
+            }
+            Value::Null | Value::Bool(_) | Value::Number(_) => {}
+        }
+    }
+    total
+}
+
+impl Drop for Grant {
+    fn drop(&mut self) {
+        self.budget.give_back(self.bytes);
+    }
+}
+
+impl Budget {
+    /// A budget of `total` bytes.
+    pub fn new(total: u64) -> Arc<Self> {
+        Arc::new(Self {
+            total,
+            state: Mutex::new(State {
+                free: total,
+                ..State::default()
+            }),
+        })
+    }
+
+    /// The whole budget.
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// How many calls of `namespace` wait for their share now.
+    pub fn waiting(&self, namespace: &str) -> usize {
+        super::lock(&self.state)
+            .waiting
+            .get(namespace)
+            .map_or(0, VecDeque::len)
+    }
+
+    /// Bytes not held by any call right now.
+    pub fn free(&self) -> u64 {
+        super::lock(&self.state).free
+    }
+
+    /// Waits for `bytes` of the budget for a call on behalf of `namespace`, in the namespace's
+    /// turn. Dropping the future before it is granted leaves the queue (and gives back a grant
+    /// made meanwhile).
+    pub async fn take(self: &Arc<Self>, namespace: &str, bytes: u64) -> Result<Grant, OverBudget> {
+        if bytes > self.total {
+            return Err(OverBudget {
+                needs: bytes,
+                budget: self.total,
+            });
+        }
+        let (id, granted) = {
+            let mut state = super::lock(&self.state);
+            if state.waiting.is_empty() && state.free >= bytes {
+                state.free -= bytes;
+                return Ok(self.grant(bytes));
+            }
+            let id = state.next_id;
+            state.next_id += 1;
+            let (tx, rx) = oneshot::channel();
+            state
+                .waiting
+                .entry(namespace.to_owned())
+                .or_default()
+                .push_back(Waiter {
+                    id,
+                    bytes,
+                    granted: tx,
+                });
+            (id, rx)
+        };
+        let mut waiting = Waiting {
+            budget: self,
+            namespace,
+            id,
+            bytes,
+            done: false,
+        };
+        // The sender is dropped only once granted (sent) or by this waiter leaving the queue.
+        let _ = granted.await;
+        waiting.done = true;
+        Ok(self.grant(bytes))
+    }
+
+    fn grant(self: &Arc<Self>, bytes: u64) -> Grant {
+        Grant {
+            budget: self.clone(),
+            bytes,
+        }
+    }
+
+    fn give_back(&self, bytes: u64) {
+        let mut state = super::lock(&self.state);
+        state.free = state.free.saturating_add(bytes).min(self.total);
+        serve(&mut state);
+    }
+}
+
+/// Grants waiting calls while the budget allows, one namespace after another in turn. The
+/// namespace whose turn it is keeps it until its oldest call fits: a large call is not passed
+/// over forever by smaller ones.
+fn serve(state: &mut State) {
+    loop {
+        let turn = match &state.last {
+            Some(last) => state
+                .waiting
+                .range::<String, _>((
+                    std::ops::Bound::Excluded(last.clone()),
+                    std::ops::Bound::Unbounded,
+                ))
+                .next()
+                .or_else(|| state.waiting.iter().next()),
+            None => state.waiting.iter().next(),
+        }
+        .map(|(namespace, _)| namespace.clone());
+        let Some(namespace) = turn else { return };
+        let Some(queue) = state.waiting.get_mut(&namespace) else {
+            return;
+        };
+        let Some(bytes) = queue.front().map(|w| w.bytes) else {
+            state.waiting.remove(&namespace);
+            continue;
+        };
+        if bytes > state.free {
+            return;
+        }
+        let waiter = queue.pop_front();
+        if queue.is_empty() {
+            state.waiting.remove(&namespace);
+        }
+        if let Some(waiter) = waiter
+            && waiter.granted.send(()).is_ok()
+        {
+            state.free -= bytes;
+        }
+        state.last = Some(namespace);
+    }
+}
+
+/// A call in the queue: leaving it unserved (the future dropped) takes it out, or gives back what
+/// was granted meanwhile.
+struct Waiting<'a> {
+    budget: &'a Arc<Budget>,
+    namespace: &'a str,
+    id: u64,
+    bytes: u64,
+    done: bool,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let mut state = super::lock(&self.budget.state);
+        let queued = state.waiting.get_mut(self.namespace).and_then(|queue| {
+            let at = queue.iter().position(|w| w.id == self.id)?;
+            queue.remove(at)
+        });
+        if queued.is_none() {
+            // Granted, but never taken.
+            state.free = state.free.saturating_add(self.bytes).min(self.budget.total);
+        }
+        if state
+            .waiting
+            .get(self.namespace)
+            .is_some_and(VecDeque::is_empty)
+        {
+            state.waiting.remove(self.namespace);
+        }
+        serve(&mut state);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// Whether `fut` is ready after letting the runtime run.
+    async fn ready<F: std::future::Future + Unpin>(fut: &mut F) -> Option<F::Output> {
+        tokio::time::timeout(Duration::from_millis(20), fut)
+            .await
+            .ok()
+    }
+
+    #[tokio::test]
+    async fn a_call_over_the_whole_budget_is_refused_at_once() {
+        let budget = Budget::new(100);
+        let e = budget.take("a", 101).await.unwrap_err();
+        assert_eq!(
+            e,
+            OverBudget {
+                needs: 101,
+                budget: 100
+            }
+        );
+        assert_eq!(budget.free(), 100);
+    }
+
+    #[tokio::test]
+    async fn calls_wait_for_the_budget_and_get_it_back() {
+        let budget = Budget::new(100);
+        let first = budget.take("a", 60).await.unwrap();
+        let mut second = Box::pin(budget.take("a", 60));
+        assert!(ready(&mut second).await.is_none(), "60 + 60 > 100");
+        drop(first);
+        let second = ready(&mut second)
+            .await
+            .expect("granted once the first ended")
+            .unwrap();
+        assert_eq!(budget.free(), 40);
+        drop(second);
+        assert_eq!(budget.free(), 100);
+    }
+
+    #[tokio::test]
+    async fn a_quiet_namespace_is_served_before_a_flooding_ones_backlog() {
+        let budget = Budget::new(10);
+        let running = budget.take("flood", 10).await.unwrap();
+        let mut flood: Vec<_> = (0..20)
+            .map(|_| Box::pin(budget.take("flood", 10)))
+            .collect();
+        for f in &mut flood {
+            assert!(ready(f).await.is_none());
+        }
+        let mut quiet = Box::pin(budget.take("quiet", 10));
+        assert!(ready(&mut quiet).await.is_none());
+        assert_eq!((budget.waiting("flood"), budget.waiting("quiet")), (20, 1));
+        drop(running);
+        // Turns go by namespace name from the start: the flood's oldest call first, then the
+        // quiet namespace's, before any other of the flood's.
+        let first = ready(&mut flood[0])
+            .await
+            .expect("the flood's turn")
+            .unwrap();
+        drop(first);
+        let quiet = ready(&mut quiet)
+            .await
+            .expect("the quiet namespace's turn")
+            .unwrap();
+        for f in &mut flood[1..] {
+            assert!(
+                ready(f).await.is_none(),
+                "a flood call went before the quiet one"
+            );
+        }
+        drop(quiet);
+        drop(flood);
+        assert_eq!(budget.free(), 10);
+    }
+
+    #[tokio::test]
+    async fn a_call_that_leaves_the_queue_frees_its_place_and_what_it_was_granted() {
+        let budget = Budget::new(10);
+        let running = budget.take("a", 10).await.unwrap();
+        let mut leaving = Box::pin(budget.take("b", 10));
+        assert!(ready(&mut leaving).await.is_none());
+        let mut staying = Box::pin(budget.take("c", 10));
+        assert!(ready(&mut staying).await.is_none());
+        drop(leaving);
+        drop(running);
+        let staying = ready(&mut staying).await.expect("served").unwrap();
+        drop(staying);
+        assert_eq!(budget.free(), 10);
+
+        // Granted, then dropped before the future is polled again: given back.
+        let running = budget.take("a", 10).await.unwrap();
+        let mut granted = Box::pin(budget.take("b", 10));
+        assert!(ready(&mut granted).await.is_none());
+        drop(running);
+        drop(granted);
+        assert_eq!(budget.free(), 10);
+        assert!(crate::operator::lock(&budget.state).waiting.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_shrunk_grant_gives_back_the_rest() {
+        let budget = Budget::new(100);
+        let grant = budget.take("a", 80).await.unwrap().shrink(30);
+        assert_eq!((grant.bytes(), budget.free()), (30, 70));
+        let grant = grant.shrink(50);
+        assert_eq!(
+            (grant.bytes(), budget.free()),
+            (30, 70),
+            "a grant never grows"
+        );
+        drop(grant);
+        assert_eq!(budget.free(), 100);
+    }
+
+    #[test]
+    fn a_footprint_grows_with_what_the_value_holds() {
+        let small = footprint(&serde_json::json!({ "a": "b" }));
+        let big = footprint(&serde_json::json!({ "a": "b".repeat(1000), "c": [1, 2, 3] }));
+        assert!(small > 0 && big > small + 1000, "{small} {big}");
+    }
+
+    #[tokio::test]
+    async fn a_large_call_is_not_passed_over_by_small_ones_of_its_turn() {
+        let budget = Budget::new(10);
+        let small = budget.take("a", 5).await.unwrap();
+        let mut large = Box::pin(budget.take("b", 10));
+        assert!(ready(&mut large).await.is_none());
+        // A newcomer queues behind, though 5 bytes are free.
+        let mut newcomer = Box::pin(budget.take("c", 5));
+        assert!(ready(&mut newcomer).await.is_none());
+        drop(small);
+        let large = ready(&mut large)
+            .await
+            .expect("the large call first")
+            .unwrap();
+        assert!(ready(&mut newcomer).await.is_none());
+        drop(large);
+        assert!(ready(&mut newcomer).await.is_some());
+    }
+}
