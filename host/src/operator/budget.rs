@@ -11,7 +11,7 @@
 //! of everyone else's: a resource of a quiet namespace is served after at most one call of each
 //! other waiting namespace.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
@@ -43,6 +43,9 @@ struct State {
     last: Option<String>,
     /// The next waiter's id.
     next_id: u64,
+    /// Per namespace, the calls put off without waiting (by the caller's key), until they get
+    /// their share: how long the next one is put off follows how many there are.
+    deferred: BTreeMap<String, BTreeSet<String>>,
 }
 
 #[derive(Debug)]
@@ -132,6 +135,26 @@ impl Budget {
             .waiting
             .get(namespace)
             .map_or(0, VecDeque::len)
+    }
+
+    /// Notes that the call `key` of `namespace` was put off without waiting; how many of the
+    /// namespace's calls are put off now.
+    pub fn defer(&self, namespace: &str, key: &str) -> usize {
+        let mut state = super::lock(&self.state);
+        let keys = state.deferred.entry(namespace.to_owned()).or_default();
+        keys.insert(key.to_owned());
+        keys.len()
+    }
+
+    /// Notes that the call `key` of `namespace` got its share.
+    pub fn undefer(&self, namespace: &str, key: &str) {
+        let mut state = super::lock(&self.state);
+        if let Some(keys) = state.deferred.get_mut(namespace) {
+            keys.remove(key);
+            if keys.is_empty() {
+                state.deferred.remove(namespace);
+            }
+        }
     }
 
     /// Bytes not held by any call right now.
@@ -267,6 +290,7 @@ impl Drop for Waiting<'_> {
             .is_some_and(VecDeque::is_empty)
         {
             state.waiting.remove(self.namespace);
+            state.deferred.remove(self.namespace);
         }
         serve(&mut state);
     }
@@ -372,6 +396,17 @@ mod tests {
         drop(granted);
         assert_eq!(budget.free(), 10);
         assert!(crate::operator::lock(&budget.state).waiting.is_empty());
+    }
+
+    #[test]
+    fn calls_put_off_are_counted_per_namespace_until_served() {
+        let budget = Budget::new(10);
+        assert_eq!(budget.defer("a", "x"), 1);
+        assert_eq!(budget.defer("a", "x"), 1, "the same call counts once");
+        assert_eq!(budget.defer("a", "y"), 2);
+        assert_eq!(budget.defer("b", "x"), 1);
+        budget.undefer("a", "x");
+        assert_eq!(budget.defer("a", "z"), 2);
     }
 
     #[tokio::test]

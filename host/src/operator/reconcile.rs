@@ -46,10 +46,11 @@ const BUDGET_WAIT: Duration = Duration::from_secs(20);
 /// the resources of other namespaces get slots (and, by turns, the budget) in seconds.
 const WAITING_PER_NAMESPACE: usize = 4;
 
-/// When a reconciliation that found its namespace's share of waiting full is tried again: later
-/// the longer its namespace's queue, from a tenth of a second to half a minute.
-fn budget_retry(waiting: usize) -> Duration {
-    let tenths = u64::try_from(waiting).unwrap_or(u64::MAX).clamp(1, 300);
+/// When a reconciliation that found its namespace's share of waiting full is tried again: a
+/// tenth of a second for each of its namespace's reconciliations put off so, up to half a minute,
+/// so that a namespace of thousands of waiting resources does not spin the controller.
+fn budget_retry(deferred: usize) -> Duration {
+    let tenths = u64::try_from(deferred).unwrap_or(u64::MAX).clamp(1, 300);
     Duration::from_millis(100 * tenths)
 }
 
@@ -191,13 +192,14 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
         Ok(Err(later)) => return Ok(Action::requeue(later)),
         Err(e) => return report_render_failure(obj, ctx, &owner, e),
     };
-    let (objects, mut warnings) = match render(&owner, ctx).await? {
+    let (rendered, grant) = render(&owner, ctx, grant).await?;
+    let (objects, mut warnings) = match rendered {
         Ok(rendered) => rendered,
         Err(e) => return report_render_failure(obj, ctx, &owner, e),
     };
     // The instance is gone; what stays is the output, until it has been applied.
     let output: u64 = objects.iter().map(super::budget::footprint).sum();
-    let grant = grant.shrink(output.saturating_mul(APPLY_COPIES));
+    let grant = grant.map(|g| g.shrink(output.saturating_mul(APPLY_COPIES)));
     // Whatever the plugin, nothing is applied that its author could not have made: pods within
     // the namespace's Pod Security level, nothing named outside the namespace.
     let level = if objects
@@ -329,12 +331,14 @@ async fn plugin_status(
         plugin: plugin_name.clone(),
         error,
     };
-    let Ok(_grant) = take_budget(owner, ctx).await? else {
+    let Ok(grant) = take_budget(owner, ctx).await? else {
         return Err(failed(PluginError::Busy(
             "no room in the memory budget of plugin calls (--render-memory) for now".into(),
         )));
     };
     let task = tokio::task::spawn_blocking(move || {
+        // The share of the budget is held until the call has ended.
+        let _grant = grant;
         let (plugin, _) = registry.lookup(&resource.api_version, &resource.kind)?;
         plugin
             .status(&resource, &observed, registry.context())
@@ -446,15 +450,18 @@ async fn take_budget(
         .map_or(0, |(plugin, _)| plugin.limits().call_memory());
     let budget = &ctx.shared.budget;
     let namespace = &owner.resource.namespace;
-    let waiting = budget.waiting(namespace);
-    if waiting >= WAITING_PER_NAMESPACE {
-        return Ok(Err(budget_retry(waiting)));
+    let key = owner.display();
+    if budget.waiting(namespace) >= WAITING_PER_NAMESPACE {
+        return Ok(Err(budget_retry(budget.defer(namespace, &key))));
     }
     let started = Instant::now();
     let taken = tokio::time::timeout(BUDGET_WAIT, budget.take(namespace, needs)).await;
     Metrics::observe(&ctx.shared.metrics.budget_wait, started.elapsed());
     match taken {
-        Ok(Ok(grant)) => Ok(Ok(grant)),
+        Ok(Ok(grant)) => {
+            budget.undefer(namespace, &key);
+            Ok(Ok(grant))
+        }
         Ok(Err(over)) => Err(RenderError::Plugin {
             plugin: ctx.plugin().0,
             error: PluginError::OverBudget {
@@ -465,18 +472,21 @@ async fn take_budget(
         Err(_) => {
             tracing::debug!(resource = %owner.display(), "no room in the memory budget of plugin calls for {BUDGET_WAIT:?}; tried again shortly");
             ctx.shared.metrics.budget_timeouts.inc();
-            Ok(Err(budget_retry(budget.waiting(namespace))))
+            Ok(Err(budget_retry(budget.defer(namespace, &key))))
         }
     }
 }
 
-/// Renders the resource in a blocking task (the sandbox is synchronous and CPU-bound). The
+/// Renders the resource in a blocking task (the sandbox is synchronous and CPU-bound), which
+/// holds the call's share of the memory budget until the call has ended, and hands it back. The
 /// sandbox stops a call at its deadline; should a call still not return, the reconciliation does
-/// not wait for it past `Settings::render_wait` and reports a deadline missed, which is retried.
+/// not wait for it past `Settings::render_wait` and reports a deadline missed, which is retried
+/// (the share stays with the call until it ends).
 async fn render(
     owner: &Owner,
     ctx: &KindCtx,
-) -> Result<Result<(Vec<Value>, Vec<crate::types::Warning>), RenderError>, ReconcileError> {
+    grant: super::budget::Grant,
+) -> Result<(Rendered, Option<super::budget::Grant>), ReconcileError> {
     let shared = &ctx.shared;
     // The plugins as they are now: a swap meanwhile does not touch this render.
     let registry = shared.registry();
@@ -484,14 +494,21 @@ async fn render(
     let resource = owner.resource.clone();
     let started = Instant::now();
     let task = tokio::task::spawn_blocking(move || {
-        registry.render_checked(&resource, crate::schema::UnknownFields::Ignore)
+        let rendered = registry.render_checked(&resource, crate::schema::UnknownFields::Ignore);
+        (rendered, grant)
     });
-    let rendered = match tokio::time::timeout(shared.render_wait, task).await {
-        Ok(joined) => joined?,
-        Err(_) => Err(RenderError::Plugin {
-            plugin: plugin.clone(),
-            error: PluginError::Deadline(shared.render_wait),
-        }),
+    let out = match tokio::time::timeout(shared.render_wait, task).await {
+        Ok(joined) => {
+            let (rendered, grant) = joined?;
+            (rendered, Some(grant))
+        }
+        Err(_) => (
+            Err(RenderError::Plugin {
+                plugin: plugin.clone(),
+                error: PluginError::Deadline(shared.render_wait),
+            }),
+            None,
+        ),
     };
     Metrics::observe(
         &shared
@@ -500,8 +517,11 @@ async fn render(
             .get_or_create(&PluginLabels { plugin }),
         started.elapsed(),
     );
-    Ok(rendered)
+    Ok(out)
 }
+
+/// What a render gave: the manifests and the plugin's warnings, or why there are none.
+type Rendered = Result<(Vec<Value>, Vec<crate::types::Warning>), RenderError>;
 
 /// Reports a render that failed. One that may succeed when tried again (the plugin ran out of
 /// time, the instance pool was full) is retried with backoff; one that fails the same way every
