@@ -89,6 +89,16 @@ pub enum PluginError {
         /// What one call may hand over, in bytes.
         limit: usize,
     },
+    /// The guest returned manifests of more JSON values than the host parses for one call.
+    #[error(
+        "returned manifests of {values} JSON values or more, over the {limit} the host parses for one call"
+    )]
+    TooManyValues {
+        /// How many values its manifests hold, at most.
+        values: usize,
+        /// The cap.
+        limit: usize,
+    },
     /// The guest returned more manifests than one render may.
     #[error("returned {count} manifests, over the cap of {limit}")]
     TooManyManifests {
@@ -129,6 +139,7 @@ impl PluginError {
             Self::ErrorTooLarge { .. }
             | Self::OutputTooLarge { .. }
             | Self::HandedTooMuch { .. }
+            | Self::TooManyValues { .. }
             | Self::TooManyManifests { .. }
             | Self::BadManifest { .. }
             | Self::BadDescription(_)
@@ -153,6 +164,7 @@ impl PluginError {
             | Self::ErrorTooLarge { .. }
             | Self::OutputTooLarge { .. }
             | Self::HandedTooMuch { .. }
+            | Self::TooManyValues { .. }
             | Self::TooManyManifests { .. }
             | Self::BadManifest { .. }
             | Self::BadDescription(_)
@@ -323,6 +335,14 @@ mod tests {
             ),
             (
                 PluginError::OutputTooLarge { bytes: 2, limit: 1 },
+                "PluginMisbehaved",
+                false,
+            ),
+            (
+                PluginError::TooManyValues {
+                    values: 2,
+                    limit: 1,
+                },
                 "PluginMisbehaved",
                 false,
             ),

@@ -60,15 +60,16 @@ An API group of the generated files (written for the default group, hanzo.ai) mo
 {{- end -}}
 
 {{/*
-A size (such as 64Mi, 512Ki, 1Gi or a number of bytes), in KiB, as `host` reads its size flags.
+A size (such as 64Mi, 64MiB, 512Ki, 1Gi or a number of bytes), in KiB, as `host` reads its size
+flags; bytes are rounded up to whole KiB.
 */}}
 {{- define "wasm-operator.kibibytes" -}}
-{{- $v := toString . -}}
+{{- $v := trimSuffix "B" (toString .) -}}
 {{- if regexMatch "^[0-9]+Gi$" $v -}}{{ mul (trimSuffix "Gi" $v | atoi) 1048576 }}
 {{- else if regexMatch "^[0-9]+Mi$" $v -}}{{ mul (trimSuffix "Mi" $v | atoi) 1024 }}
 {{- else if regexMatch "^[0-9]+Ki$" $v -}}{{ trimSuffix "Ki" $v | atoi }}
-{{- else if regexMatch "^[0-9]+$" $v -}}{{ div (atoi $v) 1024 }}
-{{- else -}}{{ fail (printf "%q is not a size such as 64Mi (units: Ki, Mi, Gi)" $v) }}
+{{- else if regexMatch "^[0-9]+$" $v -}}{{ div (add (atoi $v) 1023) 1024 }}
+{{- else -}}{{ fail (printf "%q is not a size such as 64Mi (units: Ki, Mi, Gi)" (toString .)) }}
 {{- end -}}
 {{- end -}}
 

@@ -138,9 +138,13 @@ impl Budget {
     }
 
     /// Notes that the call `key` of `namespace` was put off without waiting; how many of the
-    /// namespace's calls are put off now.
+    /// namespace's calls are put off now. Only a namespace with calls waiting keeps such notes
+    /// (they go when its last waiting call is served or leaves), so none outlive a flood.
     pub fn defer(&self, namespace: &str, key: &str) -> usize {
         let mut state = super::lock(&self.state);
+        if !state.waiting.contains_key(namespace) {
+            return 1;
+        }
         let keys = state.deferred.entry(namespace.to_owned()).or_default();
         keys.insert(key.to_owned());
         keys.len()
@@ -155,6 +159,14 @@ impl Budget {
                 state.deferred.remove(namespace);
             }
         }
+    }
+
+    /// Whether the call `key` of `namespace` is put off now.
+    pub fn deferred(&self, namespace: &str, key: &str) -> bool {
+        super::lock(&self.state)
+            .deferred
+            .get(namespace)
+            .is_some_and(|keys| keys.contains(key))
     }
 
     /// Bytes not held by any call right now.
@@ -190,6 +202,8 @@ impl Budget {
                     bytes,
                     granted: tx,
                 });
+            // The namespace whose turn it is may be this one, and its call may fit now.
+            serve(&mut state);
             (id, rx)
         };
         let mut waiting = Waiting {
@@ -242,6 +256,7 @@ fn serve(state: &mut State) {
         };
         let Some(bytes) = queue.front().map(|w| w.bytes) else {
             state.waiting.remove(&namespace);
+            state.deferred.remove(&namespace);
             continue;
         };
         if bytes > state.free {
@@ -250,6 +265,7 @@ fn serve(state: &mut State) {
         let waiter = queue.pop_front();
         if queue.is_empty() {
             state.waiting.remove(&namespace);
+            state.deferred.remove(&namespace);
         }
         if let Some(waiter) = waiter
             && waiter.granted.send(()).is_ok()
@@ -383,6 +399,11 @@ mod tests {
         let mut staying = Box::pin(budget.take("c", 10));
         assert!(ready(&mut staying).await.is_none());
         drop(leaving);
+        assert_eq!(
+            budget.waiting("b"),
+            0,
+            "the call that left is out of the queue"
+        );
         drop(running);
         let staying = ready(&mut staying).await.expect("served").unwrap();
         drop(staying);
@@ -398,15 +419,35 @@ mod tests {
         assert!(crate::operator::lock(&budget.state).waiting.is_empty());
     }
 
-    #[test]
-    fn calls_put_off_are_counted_per_namespace_until_served() {
+    #[tokio::test]
+    async fn calls_put_off_are_counted_per_namespace_while_it_has_calls_waiting() {
         let budget = Budget::new(10);
+        assert_eq!(budget.defer("a", "x"), 1);
+        assert!(
+            !budget.deferred("a", "x"),
+            "no calls of `a` wait: nothing is kept"
+        );
+        let running = budget.take("a", 10).await.unwrap();
+        let mut waiting_a = Box::pin(budget.take("a", 10));
+        assert!(ready(&mut waiting_a).await.is_none());
+        let mut waiting_b = Box::pin(budget.take("b", 10));
+        assert!(ready(&mut waiting_b).await.is_none());
         assert_eq!(budget.defer("a", "x"), 1);
         assert_eq!(budget.defer("a", "x"), 1, "the same call counts once");
         assert_eq!(budget.defer("a", "y"), 2);
         assert_eq!(budget.defer("b", "x"), 1);
+        assert!(budget.deferred("a", "x") && budget.deferred("b", "x"));
         budget.undefer("a", "x");
+        assert!(!budget.deferred("a", "x"));
         assert_eq!(budget.defer("a", "z"), 2);
+        // `a`'s last waiting call is served: its notes go with its queue.
+        drop(running);
+        let served = ready(&mut waiting_a).await.expect("served").unwrap();
+        assert!(!budget.deferred("a", "y") && !budget.deferred("a", "z"));
+        assert!(budget.deferred("b", "x"), "`b` still waits");
+        drop(served);
+        drop(waiting_b);
+        assert!(!budget.deferred("b", "x"));
     }
 
     #[tokio::test]

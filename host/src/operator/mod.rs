@@ -263,6 +263,8 @@ pub(crate) struct Shared {
     pub writes: tokio::sync::Semaphore,
     /// The memory budget of plugin calls in flight (`Settings::render_memory`).
     pub budget: Arc<budget::Budget>,
+    /// How many reconciliations of one Kind run at once (`Settings::concurrency`).
+    pub concurrency: u16,
     /// Whether every watch (served Kinds and child kinds) has listed what it watches.
     pub synced: tokio::sync::watch::Sender<bool>,
     /// Turns true when the operator stops: what waits for `synced` waits no more.
@@ -714,6 +716,7 @@ async fn setup(
         failures: Mutex::new(BTreeMap::new()),
         writes: tokio::sync::Semaphore::new(usize::from(settings.max_writes_in_flight)),
         budget: budget::Budget::new(settings.render_memory),
+        concurrency: settings.concurrency,
         synced: tokio::sync::watch::Sender::new(false),
         stopping: tokio::sync::watch::Sender::new(false),
         render_wait: settings.render_wait,

@@ -40,11 +40,14 @@ const RESYNC: Duration = Duration::from_secs(600);
 /// calls a reconciliation stuck.
 const BUDGET_WAIT: Duration = Duration::from_secs(20);
 
-/// How many reconciliations of one namespace may wait for the budget at once. Past that, one
-/// does not wait but leaves its slot at once and is tried again later ([`budget_retry`]): a
-/// namespace that floods the operator then holds a few slots of each Kind, not all of them, and
-/// the resources of other namespaces get slots (and, by turns, the budget) in seconds.
-const WAITING_PER_NAMESPACE: usize = 4;
+/// How many reconciliations of one namespace may wait for the budget at once: a quarter of the
+/// reconciliations a Kind runs at once (`--concurrency`), from one to four. Past that, one does
+/// not wait but leaves its slot at once and is tried again later ([`budget_retry`]): a namespace
+/// that floods the operator then holds a few slots of each Kind, not all of them, and the
+/// resources of other namespaces get slots (and, by turns, the budget) in seconds.
+fn waiting_per_namespace(concurrency: u16) -> usize {
+    usize::from(concurrency / 4).clamp(1, 4)
+}
 
 /// When a reconciliation that found its namespace's share of waiting full is tried again: a
 /// tenth of a second for each of its namespace's reconciliations put off so, up to half a minute,
@@ -108,7 +111,15 @@ pub(crate) async fn reconcile(
     let key = report_key(&ctx, &obj);
     let outcome = match &result {
         Ok(_) => {
-            lock(&ctx.shared.failures).remove(&key);
+            // A reconciliation put off for the budget is no success: the backoff of its last
+            // failure stays.
+            if !ctx
+                .shared
+                .budget
+                .deferred(&key.namespace, &budget_key(&ctx, &key.name))
+            {
+                lock(&ctx.shared.failures).remove(&key);
+            }
             "success"
         }
         Err(e) => {
@@ -238,8 +249,15 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
     applied.look_again |= moved;
     let pruned = prune(&owner, ctx, &plan.desired).await;
     drop(grant);
+    let mut again = false;
     let fields = match plugin_status(&owner, ctx, &applied.children).await {
         Ok(fields) => fields,
+        Err(e) if e.transient() => {
+            // No room or time for the call now (the budget is busy): the fields stay as they
+            // were and the call is made again shortly, not at the next resync.
+            again = true;
+            plugin_fields(current_status(ctx, obj).as_ref())
+        }
         Err(e) => {
             // The fields stay as they were; the resource says why they are not new.
             warnings.push(crate::types::Warning {
@@ -256,7 +274,11 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
         plan,
         applied,
         pruned,
-        Reported { warnings, fields },
+        Reported {
+            warnings,
+            fields,
+            again,
+        },
     )
 }
 
@@ -264,7 +286,13 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
 struct Reported {
     warnings: Vec<crate::types::Warning>,
     fields: serde_json::Map<String, Value>,
+    /// Whether the status call could not be made for now and is to be made again shortly.
+    again: bool,
 }
+
+/// When a status call put off (no room in the budget, or its deadline missed for busy CPUs) is
+/// made again.
+const STATUS_RETRY: Duration = Duration::from_secs(5);
 
 /// The plugin's own fields of a status (those the host does not own).
 fn plugin_fields(status: Option<&Value>) -> serde_json::Map<String, Value> {
@@ -435,9 +463,15 @@ impl Owner {
 
 // --- render -------------------------------------------------------------------------------------
 
+/// How a resource is known to the budget among the calls of its namespace put off: its
+/// controller (which names its Kind and group) and its name.
+fn budget_key(ctx: &KindCtx, name: &str) -> String {
+    format!("{} {name}", ctx.controller)
+}
+
 /// The share of the memory budget one call of the resource's plugin may need, taken in the turn
 /// of the resource's namespace (see [`super::budget`]); else when to try again: its namespace
-/// already has [`WAITING_PER_NAMESPACE`] calls waiting, or the turn did not come within
+/// already has its share of calls waiting ([`waiting_per_namespace`]), or the turn did not come within
 /// [`BUDGET_WAIT`]. Either way the reconciliation leaves its slot to others meanwhile.
 async fn take_budget(
     owner: &Owner,
@@ -450,8 +484,8 @@ async fn take_budget(
         .map_or(0, |(plugin, _)| plugin.limits().call_memory());
     let budget = &ctx.shared.budget;
     let namespace = &owner.resource.namespace;
-    let key = owner.display();
-    if budget.waiting(namespace) >= WAITING_PER_NAMESPACE {
+    let key = budget_key(ctx, &owner.resource.name);
+    if budget.waiting(namespace) >= waiting_per_namespace(ctx.shared.concurrency) {
         return Ok(Err(budget_retry(budget.defer(namespace, &key))));
     }
     let started = Instant::now();
@@ -1347,6 +1381,7 @@ fn report(
         );
         problems.push(problem("WatchNotListed", &[message], true));
     }
+    let again = reported.again;
     let outcome = Outcome {
         children: applied.children,
         skipped,
@@ -1388,6 +1423,9 @@ fn report(
     }
     if applied.look_again {
         return Ok(Action::requeue(Duration::from_millis(100)));
+    }
+    if again {
+        return Ok(Action::requeue(STATUS_RETRY));
     }
     Ok(Action::requeue(RESYNC))
 }

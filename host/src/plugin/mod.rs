@@ -71,6 +71,18 @@ impl Limits {
         u64::try_from(self.memory_bytes.saturating_add(output)).unwrap_or(u64::MAX)
     }
 
+    /// The most JSON values (numbers, strings, lists, objects and their entries) the manifests
+    /// of one call may hold: what their parsed form may take of the call's share of the budget
+    /// (the instance's room, free once the call has ended, and two of its output copies) at
+    /// [`VALUE_BYTES`] each. Real manifests hold a value in every 10 to 20 bytes of text, far
+    /// within it at any output cap; a guest that packs `[0,0,...]` into its output is refused
+    /// before the host parses it.
+    pub fn max_values(&self) -> usize {
+        self.memory_bytes
+            .saturating_add(self.output_bytes.saturating_mul(2))
+            / VALUE_BYTES
+    }
+
     /// The most bytes the host allocates for what a guest hands it in one call (wasmtime's
     /// hostcall fuel): the output cap, with room for the list and string headers of as many
     /// manifests and warnings as a render may return, and no less than what a `describe` with
@@ -88,6 +100,11 @@ impl Limits {
 
 /// How many times over the host may hold a call's output at once, for [`Limits::call_memory`].
 pub const OUTPUT_COPIES: usize = 4;
+
+/// What the host's parsed form of one JSON value may take at most, for [`Limits::max_values`]:
+/// a `serde_json::Value` (32 bytes), room for its list to have grown by doubling, and for an
+/// object entry its key and its share of the map's node.
+const VALUE_BYTES: usize = 128;
 
 /// Room per returned item for the host's copies of its list entry and string headers.
 const HEADER_BYTES: usize = 4 * std::mem::size_of::<String>();
@@ -541,7 +558,7 @@ impl Plugin {
         resource: &crate::types::Resource,
         ctx: &Context,
     ) -> std::result::Result<Vec<Value>, PluginError> {
-        parse_manifests(self.render_text(resource, ctx)?)
+        parse_manifests(self.render_text(resource, ctx)?, self.inner.limits)
     }
 
     /// Renders `resource` in a fresh instance: the manifests parsed, and the plugin's warnings
@@ -552,7 +569,7 @@ impl Plugin {
         ctx: &Context,
     ) -> std::result::Result<(Vec<Value>, Vec<crate::types::Warning>), PluginError> {
         let (texts, warnings) = self.render_raw(resource, ctx)?;
-        Ok((parse_manifests(texts)?, warnings))
+        Ok((parse_manifests(texts, self.inner.limits)?, warnings))
     }
 
     /// Renders `resource` in a fresh instance and returns the manifests as the plugin wrote them
@@ -688,7 +705,8 @@ impl Session {
         resource: &crate::types::Resource,
         ctx: &Context,
     ) -> std::result::Result<Vec<Value>, PluginError> {
-        parse_manifests(self.render_text(resource, ctx)?)
+        let limits = self.limits;
+        parse_manifests(self.render_text(resource, ctx)?, limits)
     }
 
     /// Renders on the session's instance and returns the manifests as JSON texts.
@@ -780,8 +798,44 @@ fn capped_reported(
     Ok((manifests, warnings))
 }
 
-/// Parses each manifest text as a JSON object.
-fn parse_manifests(manifests: Vec<String>) -> std::result::Result<Vec<Value>, PluginError> {
+/// An upper bound on the JSON values in `text`, counted without parsing it: one for the whole,
+/// and one for each `[`, `{`, `,` and `:` outside strings.
+fn values_in(text: &str) -> usize {
+    let (mut values, mut in_string, mut escaped) = (1_usize, false, false);
+    for b in text.bytes() {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+        } else if b == b'"' {
+            in_string = true;
+        } else if matches!(b, b'[' | b'{' | b',' | b':') {
+            values += 1;
+        }
+    }
+    values
+}
+
+/// Parses each manifest text as a JSON object, once their values are known to fit what their
+/// parsed form may take ([`Limits::max_values`]).
+fn parse_manifests(
+    manifests: Vec<String>,
+    limits: Limits,
+) -> std::result::Result<Vec<Value>, PluginError> {
+    let values = manifests
+        .iter()
+        .map(|m| values_in(m))
+        .fold(0_usize, usize::saturating_add);
+    if values > limits.max_values() {
+        return Err(PluginError::TooManyValues {
+            values,
+            limit: limits.max_values(),
+        });
+    }
     manifests
         .iter()
         .enumerate()
@@ -873,5 +927,45 @@ mod tests {
                 limit: 100
             }
         );
+    }
+
+    #[test]
+    fn values_are_counted_outside_strings_only() {
+        assert_eq!(values_in("0"), 1);
+        assert_eq!(values_in("[0,0,0]"), 4);
+        assert_eq!(values_in(r#"{"a":1,"b":[2]}"#), 6);
+        assert_eq!(
+            values_in(r#"{"a":"[,:{\"x\"]"}"#),
+            3,
+            "brackets in a string"
+        );
+        assert_eq!(
+            values_in(r#"["\\",0]"#),
+            3,
+            "an escaped backslash ends no string"
+        );
+    }
+
+    #[test]
+    fn manifests_denser_than_the_host_parses_are_refused_before_parsing() {
+        let limits = Limits::default();
+        // A real manifest holds a value in every 10 to 20 bytes: the whole output cap of them
+        // parses.
+        let real = format!(
+            r#"{{"kind":"ConfigMap","data":{{{}"end":"x"}}}}"#,
+            r#""key-000000":"a value, of a few words","#.repeat(limits.output_bytes / 48)
+        );
+        assert!(real.len() <= limits.output_bytes);
+        assert_eq!(parse_manifests(vec![real], limits).unwrap().len(), 1);
+        // The same bytes of `[0,0,...]` would take 16 times its text once parsed.
+        let dense = format!(r#"{{"x":[{}0]}}"#, "0,".repeat(limits.output_bytes / 2 - 8));
+        assert!(dense.len() <= limits.output_bytes);
+        let e = parse_manifests(vec![dense], limits).unwrap_err();
+        assert!(
+            matches!(e, PluginError::TooManyValues { values, limit }
+                if limit == limits.max_values() && values > limit),
+            "{e:?}"
+        );
+        assert_eq!(e.reason(), "PluginMisbehaved");
     }
 }
