@@ -416,7 +416,7 @@ async fn bare_phase(
         let value = serde_json::to_value(owner).unwrap();
         let r = host::documents::resource(&value).unwrap();
         for mut child in registry.render(&r).unwrap() {
-            host::operator::stamp_child(&mut child, &r.api_version, &r.kind, &r.name, &r.uid);
+            host::ownership::stamp_child(&mut child, &r.api_version, &r.kind, &r.name, &r.uid);
             children.push(child);
         }
     }

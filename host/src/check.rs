@@ -284,11 +284,7 @@ pub fn check(
         .children
         .iter()
         .map(|c| {
-            let gv = if c.group.is_empty() {
-                c.version.clone()
-            } else {
-                format!("{}/{}", c.group, c.version)
-            };
+            let gv = crate::gvk::api_version(&c.group, &c.version);
             format!("{gv} {}", c.kind)
         })
         .collect();
@@ -433,7 +429,7 @@ fn schemas(plugin: &Plugin, described: &[(&String, &PluginInfo)]) -> Result<Stri
             };
             let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
             let spec = &schema["properties"]["spec"];
-            for p in crate::crd::structural_problems(spec, "spec") {
+            for p in crate::kube_schema::structural_problems(spec, "spec") {
                 problems.push(format!("{}.{} (under {group}): {p}", kind.kind, kind.group));
             }
         }

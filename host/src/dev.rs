@@ -197,7 +197,7 @@ async fn operate(
         identity: "host-dev".into(),
         concurrency: 16,
         max_writes_in_flight: 16,
-        render_memory: crate::cli::DEFAULT_CALLS_IN_FLIGHT
+        render_memory: crate::operator::budget::DEFAULT_CALLS_IN_FLIGHT
             * registry
                 .plugins()
                 .iter()
@@ -336,7 +336,7 @@ fn examples(registry: &Registry, inputs: &[String]) -> Result<Vec<Row>, Error> {
             let resource = documents::resource(&doc.value).map_err(|reason| {
                 Error::Step(format!("{path}: document {}: {reason}", doc.index))
             })?;
-            let (group, version) = crate::registry::split_api_version(&resource.api_version);
+            let (group, version) = crate::gvk::split_api_version(&resource.api_version);
             let Some((_, kind)) = registry
                 .kinds()
                 .find(|(_, k)| k.group == group && k.kind == resource.kind)

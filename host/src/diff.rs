@@ -15,7 +15,7 @@ use kube::discovery::ApiResource;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::operator::{FIELD_MANAGER, OWNER_LABEL};
+use crate::ownership::{FIELD_MANAGER, OWNER_LABEL};
 use crate::registry::{Registry, RenderError};
 use crate::schema::UnknownFields;
 use crate::types::Resource;
@@ -189,7 +189,7 @@ pub async fn listed(
             None => Api::all_with(client.clone(), &ar),
         };
         for obj in api.list(&ListParams::default()).await?.items {
-            out.push(crate::operator::plugin_resource(&obj, &ar));
+            out.push(crate::ownership::plugin_resource(&obj, &ar));
         }
     }
     Ok((out, notes))
@@ -229,7 +229,7 @@ async fn diff_one(
     strict: bool,
     owner: &str,
 ) -> Result<Vec<Entry>, Error> {
-    let (group, version) = crate::registry::split_api_version(&file.api_version);
+    let (group, version) = crate::gvk::split_api_version(&file.api_version);
     let ar = discover(
         client,
         found,
@@ -259,12 +259,12 @@ async fn diff_one(
     let (objects, _) = registry
         .render_checked(&resource, unknown)
         .map_err(|e: RenderError| Error::Discovery(format!("does not render: {e}")))?;
-    let handle = crate::operator::handle(&ar.plural, &ar.group, &resource.name);
+    let handle = crate::ownership::handle(&ar.plural, &ar.group, &resource.name);
     let mut entries = Vec::new();
     let mut desired = BTreeSet::new();
     for mut object in objects {
         if !resource.uid.is_empty() {
-            crate::operator::stamp_child(
+            crate::ownership::stamp_child(
                 &mut object,
                 &resource.api_version,
                 &resource.kind,
@@ -272,8 +272,8 @@ async fn diff_one(
                 &resource.uid,
             );
         }
-        let (api_version, kind, name) = crate::operator::identity(&object);
-        let (g, v) = crate::registry::split_api_version(&api_version);
+        let (api_version, kind, name) = crate::ownership::identity(&object);
+        let (g, v) = crate::gvk::split_api_version(&api_version);
         let child_ar = discover(client, found, &GroupVersionKind::gvk(g, v, &kind)).await?;
         desired.insert((child_ar.group.clone(), kind.clone(), name.clone()));
         let api: Api<DynamicObject> =
@@ -373,7 +373,7 @@ async fn diff_one(
 /// another owner controls it, or nobody does and it does not consent to this resource's
 /// adoption. Where the operator adopts on request (`--adopt-in-namespace`), it would take more.
 fn not_ours(live: &DynamicObject, resource: &Resource, handle: &str) -> Option<String> {
-    use crate::operator::{ADOPT_BY_ANNOTATION, Control, consents, control};
+    use crate::ownership::{ADOPT_BY_ANNOTATION, Control, consents, control};
     match control(&live.metadata, &resource.uid) {
         Control::Us => None,
         Control::Other(c) => Some(format!(

@@ -5,17 +5,30 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
-use crate::error::Error;
 use crate::oci::{self, Reference};
 use crate::plugin::{Anatomy, Runtime};
 use crate::types::{Context, PluginInfo};
 
+/// Why a plugin could not be pushed, pulled or looked at.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The plugin could not be read or loaded.
+    #[error(transparent)]
+    Plugin(#[from] crate::Error),
+    /// Its registry refused it, or could not be reached.
+    #[error(transparent)]
+    Registry(#[from] oci::Error),
+    /// The async runtime the registry client runs on could not start.
+    #[error("could not start the async runtime: {0}")]
+    Start(#[source] std::io::Error),
+}
+
 /// Runs `fut` on a runtime of its own (the commands that use this have none).
-pub(crate) fn block_on<T>(fut: impl std::future::Future<Output = T>) -> Result<T, Error> {
+pub fn block_on<T>(fut: impl std::future::Future<Output = T>) -> Result<T, Error> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| Error::Output(format!("cannot start the async runtime: {e}")))?;
+        .map_err(Error::Start)?;
     Ok(runtime.block_on(fut))
 }
 
@@ -29,13 +42,14 @@ fn anatomy(
 ) -> Result<(PluginInfo, Anatomy), Error> {
     match runtime.load_stepwise(wasm, source, ctx) {
         Ok((plugin, anatomy)) => Ok((plugin.info().clone(), anatomy)),
-        Err(failure) => Err(Error::Load {
+        Err(failure) => Err(crate::Error::Load {
             plugin: source.to_owned(),
             reason: format!(
                 "{} (at the {:?} step; `host check {source}` says more)",
                 failure.reason, failure.step
             ),
-        }),
+        }
+        .into()),
     }
 }
 
@@ -47,7 +61,7 @@ pub fn push(
     reference: &Reference,
     options: &oci::Options,
 ) -> Result<Reference, Error> {
-    let wasm = std::fs::read(file).map_err(|source| Error::ReadPlugin {
+    let wasm = std::fs::read(file).map_err(|source| crate::Error::ReadPlugin {
         path: file.to_path_buf(),
         source,
     })?;
@@ -112,7 +126,7 @@ impl Subject {
     ) -> Result<Fetched, Error> {
         match self {
             Self::File(path) => Ok(Fetched {
-                wasm: std::fs::read(path).map_err(|source| Error::ReadPlugin {
+                wasm: std::fs::read(path).map_err(|source| crate::Error::ReadPlugin {
                     path: path.clone(),
                     source,
                 })?,
@@ -221,11 +235,7 @@ pub fn text(report: &Value) -> String {
     }
     for c in report["children"].as_array().into_iter().flatten() {
         let group = c["group"].as_str().unwrap_or_default();
-        let gv = if group.is_empty() {
-            c["version"].as_str().unwrap_or_default().to_owned()
-        } else {
-            format!("{group}/{}", c["version"].as_str().unwrap_or_default())
-        };
+        let gv = crate::gvk::api_version(group, c["version"].as_str().unwrap_or_default());
         line(
             "child",
             format!("{} ({gv})", c["kind"].as_str().unwrap_or_default()),

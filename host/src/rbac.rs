@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Value, json};
 
+use crate::gvk::plural;
 use crate::registry::Registry;
 
 /// Where the operator runs: its ServiceAccount's namespace and name (also the Lease's namespace,
@@ -21,19 +22,6 @@ pub struct Target {
     pub watch_namespaces: Vec<String>,
     /// Whether the operator serves `Plugin` resources (`host run --plugin-resources`).
     pub plugin_resources: bool,
-}
-
-/// The resource name of a kind, as Kubernetes guesses it when nothing says otherwise
-/// (`UnsafeGuessKindToResource`): lower case; `-s` takes `-es`, `-y` takes `-ies`, else `-s`.
-pub fn plural(kind: &str) -> String {
-    let lower = kind.to_lowercase();
-    if lower.ends_with('s') {
-        format!("{lower}es")
-    } else if let Some(stem) = lower.strip_suffix('y') {
-        format!("{stem}ies")
-    } else {
-        format!("{lower}s")
-    }
 }
 
 const READ: [&str; 3] = ["get", "list", "watch"];
@@ -78,13 +66,13 @@ pub fn objects(registry: &Registry, target: &Target) -> Vec<Value> {
     let mut cluster_rules = Vec::new();
     if target.plugin_resources {
         cluster_rules.push(rule(
-            crate::operator::plugins::GROUP,
-            vec![crate::operator::plugins::PLURAL.to_owned()],
+            crate::api::GROUP,
+            vec![crate::api::PLURAL.to_owned()],
             &READ,
         ));
         cluster_rules.push(rule(
-            crate::operator::plugins::GROUP,
-            vec![format!("{}/status", crate::operator::plugins::PLURAL)],
+            crate::api::GROUP,
+            vec![format!("{}/status", crate::api::PLURAL)],
             &["get", "patch", "update"],
         ));
         cluster_rules.push(rule(
@@ -188,23 +176,4 @@ pub fn objects(registry: &Registry, target: &Target) -> Vec<Value> {
         }),
     ]);
     objects
-}
-
-#[cfg(test)]
-mod tests {
-    use super::plural;
-
-    #[test]
-    fn plurals_as_kubernetes_guesses_them() {
-        for (kind, want) in [
-            ("Deployment", "deployments"),
-            ("Ingress", "ingresses"),
-            ("NetworkPolicy", "networkpolicies"),
-            ("KMSSecret", "kmssecrets"),
-            ("ServiceMonitor", "servicemonitors"),
-            ("HorizontalPodAutoscaler", "horizontalpodautoscalers"),
-        ] {
-            assert_eq!(plural(kind), want);
-        }
-    }
 }

@@ -7,10 +7,13 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
-use crate::error::{Error, MAX_ERROR_MESSAGE, PluginError, Result, bounded};
+use crate::error::{Error, MAX_ERROR_MESSAGE, Result};
+use crate::gvk::split_api_version;
+use crate::plugin::PluginError;
 use crate::plugin::{BUILTINS, Plugin, Runtime};
 use crate::schema::{SpecError, UnknownFields};
 use crate::types::{Context, KindInfo, PluginInfo, Resource, Warning};
+use crate::units::bounded;
 
 /// Kinds that are not namespaced: a plugin may neither declare nor return them.
 const CLUSTER_SCOPED: [(&str, &str); 23] = [
@@ -47,11 +50,6 @@ const CLUSTER_SCOPED: [(&str, &str); 23] = [
     ("flowcontrol.apiserver.k8s.io", "PriorityLevelConfiguration"),
     ("cert-manager.io", "ClusterIssuer"),
 ];
-
-/// Splits an apiVersion into group and version (`v1` is the core group).
-pub fn split_api_version(api_version: &str) -> (&str, &str) {
-    api_version.split_once('/').unwrap_or(("", api_version))
-}
 
 /// Why a resource could not be rendered.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -257,7 +255,7 @@ impl Registry {
                 }
             }
             let mut schema = k.spec_schema.clone();
-            let inlined = crate::crd::inline_refs(&mut schema).is_ok();
+            let inlined = crate::kube_schema::inline_refs(&mut schema).is_ok();
             self.schemas.insert(key.clone(), inlined.then_some(schema));
             self.kinds.insert(key, index);
         }
@@ -418,12 +416,10 @@ pub fn check_objects(
                 .iter()
                 .map(|c| {
                     format!(
-                        "{}{}{}",
-                        c.group,
-                        if c.group.is_empty() { "" } else { "/" },
-                        c.version
-                    ) + " "
-                        + &c.kind
+                        "{} {}",
+                        crate::gvk::api_version(&c.group, &c.version),
+                        c.kind
+                    )
                 })
                 .collect();
             return Err(refuse(format!(

@@ -189,7 +189,7 @@ fn registry_key(key: &str) -> String {
 
 /// `sha256:` and the hex of the sha256 of `bytes`.
 pub fn digest(bytes: &[u8]) -> String {
-    format!("sha256:{}", crate::plugin::hex(&Sha256::digest(bytes)))
+    format!("sha256:{}", crate::units::hex(&Sha256::digest(bytes)))
 }
 
 /// What a component says of itself in its artifact's config.
@@ -537,7 +537,7 @@ fn wasm_layer(
 /// A registry's answer body as an error shows it: one line, at most 200 characters.
 fn shown(body: &[u8]) -> String {
     let text = String::from_utf8_lossy(body).replace(['\n', '\r'], " ");
-    crate::error::bounded(text.trim().to_owned(), 200)
+    crate::units::bounded(text.trim().to_owned(), 200)
 }
 
 #[cfg(test)]

@@ -16,6 +16,10 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 
+/// How many plugin calls at the sandbox limits the default budget (`--render-memory`) has room
+/// for.
+pub const DEFAULT_CALLS_IN_FLIGHT: u64 = 2;
+
 /// A call that needs more than the whole budget: it could never run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OverBudget {

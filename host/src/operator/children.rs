@@ -20,8 +20,9 @@ use kube::discovery::ApiResource;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 
-use super::{FirstList, FirstListDone, LiveChild, OWNER_LABEL, Shared, lock, watch_health};
-use crate::registry::split_api_version;
+use super::{FirstList, FirstListDone, LiveChild, Shared, lock, watch_health};
+use crate::gvk::split_api_version;
+use crate::ownership::OWNER_LABEL;
 
 /// A child kind's key: `group/Kind`. Versions of one kind are one set of objects, so the
 /// index, the watches and the record of applies are keyed without the version.
@@ -289,7 +290,7 @@ pub(crate) struct Writer {
 
 /// Keeps only what reconciliation reads of an object that does not carry our ownership label:
 /// its name, uid, resourceVersion and owner references say whether it is in the way, and its
-/// consent to an adoption ([`super::ADOPT_BY_ANNOTATION`]) whether it may be taken.
+/// consent to an adoption ([`crate::ownership::ADOPT_BY_ANNOTATION`]) whether it may be taken.
 fn trim_foreign(o: &mut LiveChild) {
     let ours = o
         .metadata
@@ -302,7 +303,7 @@ fn trim_foreign(o: &mut LiveChild) {
             .metadata
             .annotations
             .take()
-            .and_then(|mut a| a.remove_entry(super::ADOPT_BY_ANNOTATION))
+            .and_then(|mut a| a.remove_entry(crate::ownership::ADOPT_BY_ANNOTATION))
             .map(|consent| [consent].into());
         o.status = None;
     }
@@ -529,7 +530,7 @@ mod tests {
         // Its consent to an adoption is kept, and nothing else of its annotations.
         let mut consenting: LiveChild = serde_json::from_value(serde_json::json!({
             "metadata": { "name": "web", "annotations": { "big": "x",
-                super::super::ADOPT_BY_ANNOTATION: "services.hanzo.ai/web" } },
+                crate::ownership::ADOPT_BY_ANNOTATION: "services.hanzo.ai/web" } },
         }))
         .unwrap();
         trim_foreign(&mut consenting);
@@ -537,7 +538,7 @@ mod tests {
             consenting.metadata.annotations,
             Some(
                 [(
-                    super::super::ADOPT_BY_ANNOTATION.to_owned(),
+                    crate::ownership::ADOPT_BY_ANNOTATION.to_owned(),
                     "services.hanzo.ai/web".to_owned()
                 )]
                 .into()

@@ -39,17 +39,10 @@ use tokio::sync::watch;
 use children::{Applies, OwnerIndex, Waiting};
 pub use live::LiveChild;
 pub use metrics::Metrics;
-pub use reconcile::{ADOPT_ANNOTATION, ADOPT_BY_ANNOTATION};
-pub(crate) use reconcile::{Control, consents, control, handle};
 
-use crate::registry::{Registry, split_api_version};
-
-/// The field manager of every apply.
-pub const FIELD_MANAGER: &str = "wasm-operator.dev/host";
-/// The label that ties a child to its owner (the owner's uid).
-pub const OWNER_LABEL: &str = "wasm-operator.dev/owner";
-/// `app.kubernetes.io/managed-by` on every child.
-pub const MANAGED_BY: &str = "wasm-operator";
+use crate::gvk::split_api_version;
+use crate::ownership::{FIELD_MANAGER, trim_resource};
+use crate::registry::Registry;
 
 /// How long a namespace's Pod Security level is used before it is read again.
 const LEVEL_TTL: Duration = Duration::from_secs(30);
@@ -626,11 +619,7 @@ async fn setup(
     let mut wanted = BTreeMap::new();
     for plugin in registry.plugins() {
         for child in &plugin.info().children {
-            let api_version = if child.group.is_empty() {
-                child.version.clone()
-            } else {
-                format!("{}/{}", child.group, child.version)
-            };
+            let api_version = crate::gvk::api_version(&child.group, &child.version);
             wanted
                 .entry(gvk_key(&api_version, &child.kind))
                 .or_insert((api_version, child.clone()));
@@ -1077,96 +1066,9 @@ impl Controllers {
 /// How long reconciliation waits for every watch's first list before it starts anyway.
 const SYNC_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Adds to `child` what the host owns on every child of a resource: the controller owner
-/// reference to it, the ownership label (`wasm-operator.dev/owner: <uid>`) and
-/// `app.kubernetes.io/managed-by`. The operator applies children exactly so stamped.
-pub fn stamp_child(
-    child: &mut serde_json::Value,
-    owner_api_version: &str,
-    owner_kind: &str,
-    owner_name: &str,
-    owner_uid: &str,
-) {
-    let meta = &mut child["metadata"];
-    if !meta["labels"].is_object() {
-        meta["labels"] = serde_json::json!({});
-    }
-    meta["labels"][OWNER_LABEL] = owner_uid.into();
-    meta["labels"]["app.kubernetes.io/managed-by"] = MANAGED_BY.into();
-    meta["ownerReferences"] = serde_json::json!([{
-        "apiVersion": owner_api_version,
-        "kind": owner_kind,
-        "name": owner_name,
-        "uid": owner_uid,
-        "controller": true,
-        "blockOwnerDeletion": true,
-    }]);
-}
-
 /// How every watch lists: from the API server's watch cache (`resourceVersion=0`), in pages.
 pub(crate) fn watch_config() -> watcher::Config {
     watcher::Config::default().any_semantic()
-}
-
-/// The annotation in which `kubectl apply` (client-side) keeps a copy of the whole object.
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
-
-/// Makes a served resource light before it is stored: drops what the operator never reads (its
-/// `managedFields`, and `kubectl apply`'s copy of the whole object; plugins do not see kubectl's
-/// bookkeeping either), and keeps `spec` and `status` as compact JSON text, one allocation each
-/// instead of a tree of maps and strings, read back with [`stored`] by the reconciliation that
-/// needs them. Measured at 10,000 resources, the trees were most of the operator's memory.
-fn trim_resource(obj: &mut DynamicObject) {
-    obj.metadata.managed_fields = None;
-    if let Some(annotations) = obj.metadata.annotations.as_mut() {
-        annotations.remove(LAST_APPLIED);
-    }
-    for field in ["spec", "status"] {
-        if let Some(v) = obj.data.get_mut(field)
-            && (v.is_object() || v.is_array())
-        {
-            *v = serde_json::Value::String(v.to_string());
-        }
-    }
-}
-
-/// A resource of a served Kind (`ar`) as its plugin gets it: its metadata, and its spec (an
-/// empty object when it has none).
-pub fn plugin_resource(obj: &DynamicObject, ar: &ApiResource) -> crate::types::Resource {
-    let meta = &obj.metadata;
-    let map = |m: &Option<BTreeMap<String, String>>| m.clone().unwrap_or_default();
-    crate::types::Resource {
-        api_version: ar.api_version.clone(),
-        kind: ar.kind.clone(),
-        name: meta.name.clone().unwrap_or_default(),
-        namespace: meta.namespace.clone().unwrap_or_default(),
-        uid: meta.uid.clone().unwrap_or_default(),
-        generation: meta.generation.unwrap_or(0),
-        labels: map(&meta.labels),
-        annotations: map(&meta.annotations),
-        spec: stored(obj, "spec")
-            .filter(serde_json::Value::is_object)
-            .unwrap_or_else(|| serde_json::json!({})),
-    }
-}
-
-/// `apiVersion`, `kind` and `metadata.name` of a rendered object (empty when absent).
-pub(crate) fn identity(object: &serde_json::Value) -> (String, String, String) {
-    let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
-    (
-        text(&object["apiVersion"]),
-        text(&object["kind"]),
-        text(&object["metadata"]["name"]),
-    )
-}
-
-/// A stored resource's `spec` or `status` (see [`trim_resource`]): parsed back from its compact
-/// text, or as it is in an object that was not stored (a test's, say).
-pub(crate) fn stored(obj: &DynamicObject, field: &str) -> Option<serde_json::Value> {
-    match obj.data.get(field)? {
-        serde_json::Value::String(text) => serde_json::from_str(text).ok(),
-        other => Some(other.clone()),
-    }
 }
 
 /// A hash of what a render reads from a resource besides its name: generation (the spec),

@@ -30,25 +30,15 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 
 use super::{
-    Controllers, FIELD_MANAGER, FirstList, FirstListDone, Settings, Shared, discover, gvk_key,
-    lock, watch_config, watch_health, write,
+    Controllers, FirstList, FirstListDone, Settings, Shared, discover, gvk_key, lock, watch_config,
+    watch_health, write,
 };
+use crate::api::{CRD_OWNER, api_resource};
 use crate::oci::{self, Reference};
+use crate::ownership::FIELD_MANAGER;
 use crate::plugin::{Limits, Plugin, Runtime};
 use crate::registry::Registry;
 use crate::types::Context;
-
-/// The group of the `Plugin` Kind.
-pub const GROUP: &str = "wasm-operator.dev";
-/// Its version.
-pub const VERSION: &str = "v1alpha1";
-/// The Kind.
-pub const KIND: &str = "Plugin";
-/// Its resource name.
-pub const PLURAL: &str = "plugins";
-/// The annotation on a CRD that a `Plugin` installed: the Plugin's name. A CRD without it (or
-/// naming another Plugin) is not the Plugin's, and is never written.
-pub const CRD_OWNER: &str = "wasm-operator.dev/plugin-resource";
 
 /// What loading plugins live needs besides the operator's settings.
 #[derive(Debug, Clone)]
@@ -60,98 +50,6 @@ pub struct Live {
     pub registries: oci::Options,
     /// Where pulled plugins are kept by digest.
     pub store: Option<oci::Store>,
-}
-
-/// The `Plugin` resource.
-pub fn api_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(GROUP, VERSION, KIND), PLURAL)
-}
-
-/// The CRD of the `Plugin` Kind.
-pub fn crd() -> Value {
-    let duration = json!({ "type": "string", "pattern": "^[0-9]+(\\.[0-9]+)?(ms|s|m)?$" });
-    let size = json!({ "type": "string", "pattern": "^[0-9]+(Ki|Mi|Gi)?B?$" });
-    let condition = json!({
-        "type": "object",
-        "required": ["type", "status"],
-        "properties": {
-            "type": { "type": "string" },
-            "status": { "type": "string" },
-            "reason": { "type": "string" },
-            "message": { "type": "string" },
-            "observedGeneration": { "type": "integer", "format": "int64" },
-            "lastTransitionTime": { "type": "string", "format": "date-time" },
-        },
-    });
-    let schema = json!({
-        "type": "object",
-        "description": "A plugin served by the wasm-operator, loaded live from an OCI registry.",
-        "required": ["spec"],
-        "properties": {
-            "apiVersion": { "type": "string" },
-            "kind": { "type": "string" },
-            "metadata": { "type": "object" },
-            "spec": {
-                "type": "object",
-                "required": ["image"],
-                "properties": {
-                    "image": {
-                        "type": "string",
-                        "description": "The component: oci://REGISTRY/REPOSITORY[:TAG]@sha256:DIGEST (pinned by digest).",
-                        "pattern": "^(oci://)?[^@]+@sha256:[0-9a-f]{64}$",
-                    },
-                    "limits": {
-                        "type": "object",
-                        "description": "The sandbox of each call, each at most the operator's own.",
-                        "properties": {
-                            "timeout": duration,
-                            "memory": size,
-                            "output": size,
-                            "maxManifests": { "type": "integer", "minimum": 1, "format": "int32" },
-                        },
-                    },
-                },
-            },
-            "status": {
-                "type": "object",
-                "properties": {
-                    "observedGeneration": { "type": "integer", "format": "int64" },
-                    "conditions": { "type": "array", "items": condition },
-                    "image": { "type": "string", "description": "The reference served." },
-                    "digest": { "type": "string", "description": "The manifest digest served." },
-                    "sha256": { "type": "string", "description": "The component's sha256." },
-                    "plugin": { "type": "string", "description": "Its name and version." },
-                    "kinds": { "type": "array", "items": { "type": "string" } },
-                },
-            },
-        },
-    });
-    json!({
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {
-            "name": format!("{PLURAL}.{GROUP}"),
-            "labels": { "app.kubernetes.io/managed-by": "wasm-operator" },
-        },
-        "spec": {
-            "group": GROUP,
-            "names": { "kind": KIND, "listKind": "PluginList", "plural": PLURAL, "singular": "plugin", "categories": ["wasm-operator"] },
-            "scope": "Cluster",
-            "versions": [{
-                "name": VERSION,
-                "served": true,
-                "storage": true,
-                "schema": { "openAPIV3Schema": schema },
-                "subresources": { "status": {} },
-                "additionalPrinterColumns": [
-                    { "name": "Plugin", "type": "string", "jsonPath": ".status.plugin" },
-                    { "name": "Ready", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Ready\")].status" },
-                    { "name": "Status", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Ready\")].message", "priority": 1 },
-                    { "name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp" },
-                ],
-            }],
-        },
-    })
 }
 
 /// A plugin loaded from a `Plugin` resource.
@@ -233,17 +131,17 @@ fn wanted(live: &Live, spec: &Value) -> Result<(Reference, Limits), Refusal> {
 fn limits(live: &Live, spec: &Value) -> Result<Limits, Refusal> {
     let mut limits = live.runtime.limits();
     let l = &spec["limits"];
-    let bad = |field: &str, e: String| {
+    let bad = |field: &str, e: crate::units::Error| {
         Refusal::stalled("InvalidLimits", format!("spec.limits.{field}: {e}"))
     };
     if let Some(t) = l["timeout"].as_str() {
-        limits.deadline = crate::cli::parse_duration(t).map_err(|e| bad("timeout", e))?;
+        limits.deadline = crate::units::parse_duration(t).map_err(|e| bad("timeout", e))?;
     }
     if let Some(m) = l["memory"].as_str() {
-        limits.memory_bytes = crate::cli::parse_bytes(m).map_err(|e| bad("memory", e))?;
+        limits.memory_bytes = crate::units::parse_bytes(m).map_err(|e| bad("memory", e))?;
     }
     if let Some(o) = l["output"].as_str() {
-        limits.output_bytes = crate::cli::parse_bytes(o).map_err(|e| bad("output", e))?;
+        limits.output_bytes = crate::units::parse_bytes(o).map_err(|e| bad("output", e))?;
     }
     if let Some(n) = l["maxManifests"].as_u64() {
         limits.max_manifests = usize::try_from(n).unwrap_or(usize::MAX);
@@ -938,7 +836,7 @@ impl Loader {
             for child in &plugin.info().children {
                 wanted.push((
                     child.group.clone(),
-                    crate::rbac::plural(&child.kind),
+                    crate::gvk::plural(&child.kind),
                     namespace.clone(),
                     &["get", "list", "watch", "create", "patch", "delete"],
                 ));
@@ -1135,7 +1033,7 @@ impl Loader {
     /// objects (contract 1.2; see [`crate::policy::admission`]): server-side applied, since
     /// their Kinds' CRDs are this Plugin's.
     async fn install_policies(&self, registry: &Registry) -> Result<(), Refusal> {
-        for object in crate::policy::admission::for_registry(registry) {
+        for object in crate::policy::admission::for_kinds(registry.kinds().map(|(_, k)| k)) {
             let kind = object["kind"].as_str().unwrap_or_default().to_owned();
             let object_name = object["metadata"]["name"]
                 .as_str()
@@ -1143,7 +1041,7 @@ impl Loader {
                 .to_owned();
             let ar = ApiResource::from_gvk_with_plural(
                 &GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", &kind),
-                &crate::rbac::plural(&kind),
+                &crate::gvk::plural(&kind),
             );
             let api: Api<DynamicObject> = Api::all_with(self.shared.client.clone(), &ar);
             let patch: DynamicObject = serde_json::from_value(object).map_err(|e| {
@@ -1174,11 +1072,7 @@ impl Loader {
         let mut targets = write(&self.shared.targets);
         let mut missing = lock(&self.shared.missing);
         for child in &plugin.info().children {
-            let api_version = if child.group.is_empty() {
-                child.version.clone()
-            } else {
-                format!("{}/{}", child.group, child.version)
-            };
+            let api_version = crate::gvk::api_version(&child.group, &child.version);
             let key = gvk_key(&api_version, &child.kind);
             if targets.contains_key(&key) {
                 continue;

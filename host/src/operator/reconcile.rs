@@ -27,8 +27,11 @@ use super::children::{Applied, ChildId, applied_key, controller_uid, kind_key};
 use super::metrics::{ControllerLabels, FailureLabels, Metrics, PluginLabels, ResultLabels};
 use super::report::{self, Key};
 use super::status::{self, Child, Outcome, Problem, Skipped};
-use super::{FIELD_MANAGER, KindCtx, LiveChild, Shared, backoff, gvk_key, lock, read};
-use crate::error::PluginError;
+use super::{KindCtx, LiveChild, Shared, backoff, gvk_key, lock, read};
+use crate::ownership::{
+    ADOPT_BY_ANNOTATION, Control, FIELD_MANAGER, asks_adoption, consents, control, handle,
+};
+use crate::plugin::PluginError;
 use crate::registry::RenderError;
 use crate::types::Resource as PluginResource;
 
@@ -60,17 +63,6 @@ fn budget_retry(deferred: usize) -> Duration {
 /// How many times over a rendered output's parsed size its share of the budget stays held
 /// while it is applied: the parsed objects, and the bodies made of them.
 const APPLY_COPIES: u64 = 2;
-/// The annotation on a resource that asks to adopt objects of its children's names that no
-/// controller owns. It is not enough on its own: it counts only in the namespaces the operator
-/// is told adoption is a migration of (`--adopt-in-namespace`). Objects another controller owns
-/// are never taken.
-pub const ADOPT_ANNOTATION: &str = "wasm-operator.dev/adopt";
-/// The annotation by which an object no controller owns consents to be adopted by one
-/// resource: its value names that resource as kubectl does, `PLURAL.GROUP/NAME`
-/// (`services.hanzo.ai/api`). Set by whoever may edit the object, it is the object's consent,
-/// not the adopter's claim.
-pub const ADOPT_BY_ANNOTATION: &str = "wasm-operator.dev/adopt-by";
-
 /// Why a reconciliation failed; it is retried with backoff (see [`error_policy`]).
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ReconcileError {
@@ -300,7 +292,7 @@ fn plugin_fields(status: Option<&Value>) -> serde_json::Map<String, Value> {
         .and_then(Value::as_object)
         .map(|s| {
             s.iter()
-                .filter(|(k, _)| !crate::crd::HOST_STATUS_FIELDS.contains(&k.as_str()))
+                .filter(|(k, _)| !crate::kube_schema::HOST_STATUS_FIELDS.contains(&k.as_str()))
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect()
         })
@@ -402,7 +394,7 @@ pub(crate) struct Owner {
 
 impl Owner {
     fn of(obj: &DynamicObject, ctx: &KindCtx) -> Self {
-        let resource = super::plugin_resource(obj, &ctx.ar);
+        let resource = crate::ownership::plugin_resource(obj, &ctx.ar);
         let adopt = asks_adoption(&resource)
             && ctx
                 .shared
@@ -410,7 +402,7 @@ impl Owner {
                 .adopt_namespaces
                 .contains(&resource.namespace);
         let handle = handle(&ctx.ar.plural, &ctx.ar.group, &resource.name);
-        let status = super::stored(obj, "status");
+        let status = crate::ownership::stored(obj, "status");
         let last_children: Vec<Child> = status
             .as_ref()
             .and_then(|s| s.get("children"))
@@ -748,67 +740,13 @@ pub(crate) struct Plan {
     pub desired: BTreeSet<(String, String)>,
 }
 
-/// Whether `resource` may adopt objects nobody controls ([`ADOPT_ANNOTATION`]).
-pub(crate) fn asks_adoption(resource: &crate::types::Resource) -> bool {
-    resource
-        .annotations
-        .get(ADOPT_ANNOTATION)
-        .is_some_and(|v| v == "true")
-}
-
-/// How kubectl names the resource `name` of `plural` in `group`: `services.hanzo.ai/api`.
-pub(crate) fn handle(plural: &str, group: &str, name: &str) -> String {
-    if group.is_empty() {
-        format!("{plural}/{name}")
-    } else {
-        format!("{plural}.{group}/{name}")
-    }
-}
-
-/// Whether the object of `metadata` consents to be adopted by the resource kubectl names
-/// `handle` ([`ADOPT_BY_ANNOTATION`]).
-pub(crate) fn consents(
-    metadata: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-    handle: &str,
-) -> bool {
-    metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(ADOPT_BY_ANNOTATION))
-        .is_some_and(|v| v == handle)
-}
-
-/// Who controls a live object, as this resource sees it.
-pub(crate) enum Control<'a> {
-    Us,
-    Nobody,
-    Other(&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference),
-}
-
-/// Who controls the object of `metadata`, as the resource of `uid` sees it.
-pub(crate) fn control<'a>(
-    metadata: &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-    uid: &str,
-) -> Control<'a> {
-    match metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|r| r.controller == Some(true))
-    {
-        Some(r) if r.uid == uid => Control::Us,
-        Some(r) => Control::Other(r),
-        None => Control::Nobody,
-    }
-}
-
 /// Decides, for each rendered object, whether to create it, update it, leave it as it is, or
 /// refuse it (its kind is not served, or its object is not ours to take).
 pub(crate) fn plan(objects: Vec<Value>, owner: &Owner, view: &impl View) -> Plan {
     let r = &owner.resource;
     let mut plan = Plan::default();
     for mut child in objects {
-        let (api_version, kind, name) = super::identity(&child);
+        let (api_version, kind, name) = crate::ownership::identity(&child);
         let key = kind_key(&api_version, &kind);
         plan.desired.insert((key.clone(), name.clone()));
         let ar = match view.target(&gvk_key(&api_version, &kind)) {
@@ -827,7 +765,7 @@ pub(crate) fn plan(objects: Vec<Value>, owner: &Owner, view: &impl View) -> Plan
                 continue;
             }
         };
-        super::stamp_child(&mut child, &r.api_version, &r.kind, &r.name, &r.uid);
+        crate::ownership::stamp_child(&mut child, &r.api_version, &r.kind, &r.name, &r.uid);
         let h = hash(&child);
         let cache_key = applied_key(&r.uid, &key, &name);
         let live = view.live(&key, &r.namespace, &name);
@@ -1449,7 +1387,7 @@ fn current_status(ctx: &KindCtx, obj: &DynamicObject) -> Option<Value> {
     ctx.shared
         .reports
         .pending_status(&report_key(ctx, obj))
-        .or_else(|| super::stored(obj, "status"))
+        .or_else(|| crate::ownership::stored(obj, "status"))
 }
 
 /// The message of the `Ready` condition of `status`.
@@ -1540,7 +1478,7 @@ mod tests {
     }
 
     fn ar(api_version: &str, kind: &str, plural: &str) -> ApiResource {
-        let (group, version) = crate::registry::split_api_version(api_version);
+        let (group, version) = crate::gvk::split_api_version(api_version);
         ApiResource {
             group: group.into(),
             version: version.into(),
@@ -1568,7 +1506,10 @@ mod tests {
     fn owner(adopt: bool) -> Owner {
         let mut annotations = BTreeMap::new();
         if adopt {
-            annotations.insert(ADOPT_ANNOTATION.to_owned(), "true".to_owned());
+            annotations.insert(
+                crate::ownership::ADOPT_ANNOTATION.to_owned(),
+                "true".to_owned(),
+            );
         }
         Owner {
             resource: PluginResource {
@@ -1605,7 +1546,7 @@ mod tests {
             serde_json::from_value(json!({
                 "metadata": { "name": "web", "namespace": "ns", "uid": uid, "resourceVersion": "7",
                     "ownerReferences": refs,
-                    "labels": { super::super::OWNER_LABEL: "uid-web", "app.kubernetes.io/managed-by": "wasm-operator" } },
+                    "labels": { crate::ownership::OWNER_LABEL: "uid-web", "app.kubernetes.io/managed-by": "wasm-operator" } },
             }))
             .unwrap(),
         )

@@ -30,8 +30,9 @@ use serde_json::{Value, json};
 use tokio::sync::Notify;
 
 use super::children::Applies;
+use super::lock;
 use super::metrics::{Metrics, WriteLabels};
-use super::{FIELD_MANAGER, lock};
+use crate::ownership::FIELD_MANAGER;
 
 /// How many writes of reports are in flight at most.
 pub(crate) const WORKERS: usize = 4;

@@ -123,7 +123,7 @@ pub(crate) fn bounded_to(message: &str, limit: usize) -> String {
         return message.to_owned();
     }
     // Room for the note saying how much was cut.
-    crate::error::bounded(message.to_owned(), limit.saturating_sub(32))
+    crate::units::bounded(message.to_owned(), limit.saturating_sub(32))
 }
 
 /// The time a condition written now records: to the second, as the API server keeps it.

@@ -137,7 +137,7 @@ pub(super) fn status_schemas(
                 .map_err(|e| format!("the status schema of {} is not JSON: {e}", s.kind))?;
             // Kubernetes types named by `$ref`, inlined once: each status call is checked
             // against it.
-            crate::crd::inline_refs(&mut schema).map_err(|reference| {
+            crate::kube_schema::inline_refs(&mut schema).map_err(|reference| {
                 format!(
                     "the status schema of {} names {reference}, which is not a Kubernetes type this host knows",
                     s.kind
@@ -160,12 +160,12 @@ pub(super) fn status_schemas(
             };
             if let Some(own) = properties
                 .keys()
-                .find(|k| crate::crd::HOST_STATUS_FIELDS.contains(&k.as_str()))
+                .find(|k| crate::kube_schema::HOST_STATUS_FIELDS.contains(&k.as_str()))
             {
                 return Err(format!(
                     "the status schema of {} declares `{own}`, which the host owns ({})",
                     s.kind,
-                    crate::crd::HOST_STATUS_FIELDS.join(", ")
+                    crate::kube_schema::HOST_STATUS_FIELDS.join(", ")
                 ));
             }
             Ok((s.group, s.kind, schema))
@@ -289,7 +289,7 @@ pub(super) fn plugin_info(
         let schema = inlined[i].get_or_insert_with(|| {
             let mut schema = kind.spec_schema.clone();
             // A `$ref` no Kubernetes type answers stays, and the path through it is refused.
-            let _ = crate::crd::inline_refs(&mut schema);
+            let _ = crate::kube_schema::inline_refs(&mut schema);
             schema
         });
         crate::policy::admission::check_path(&r.path)

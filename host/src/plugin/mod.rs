@@ -8,6 +8,7 @@
 mod bindings;
 mod builtin;
 mod cache;
+mod error;
 mod sandbox;
 
 use std::fmt;
@@ -23,8 +24,11 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConf
 pub use builtin::{BUILTINS, Builtin};
 pub use cache::{Cache, default_cache_dir};
 
-use crate::error::{Error, MAX_ERROR_FIELD, MAX_ERROR_MESSAGE, PluginError, Result, bounded};
+pub use error::PluginError;
+
+use crate::error::{Error, MAX_ERROR_FIELD, MAX_ERROR_MESSAGE, Result};
 use crate::types::{Context, KindInfo, PluginInfo};
+use crate::units::bounded;
 
 /// The WIT package every plugin is built against, and the interface it must export.
 pub const PACKAGE: &str = "wasm-operator:plugin";
@@ -249,7 +253,7 @@ impl Runtime {
 
     /// Loads a plugin from its bytes; `source` names it in errors (a path, or `built-in service`).
     pub fn load(&self, wasm: &[u8], source: &str, ctx: &Context) -> Result<Plugin> {
-        self.load_hashed(wasm, hex(&Sha256::digest(wasm)), source, ctx)
+        self.load_hashed(wasm, crate::units::hex(&Sha256::digest(wasm)), source, ctx)
     }
 
     /// Loads a plugin built into the host (named `built-in <name>` in errors); its sha256 was
@@ -282,7 +286,7 @@ impl Runtime {
         source: &str,
         ctx: &Context,
     ) -> std::result::Result<(Plugin, Anatomy), LoadFailure> {
-        self.load_steps(wasm, hex(&Sha256::digest(wasm)), source, ctx)
+        self.load_steps(wasm, crate::units::hex(&Sha256::digest(wasm)), source, ctx)
     }
 
     fn load_steps(
@@ -431,10 +435,6 @@ fn check_exports(names: &[String]) -> std::result::Result<(), String> {
             .collect::<Vec<_>>()
             .join(", ")
     ))
-}
-
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// What `describe` returned, with what `status-schemas` returned (none before 1.1) and what
@@ -607,7 +607,7 @@ impl Plugin {
         children: &[crate::types::ObservedChild],
         ctx: &Context,
     ) -> std::result::Result<Option<serde_json::Map<String, Value>>, PluginError> {
-        let (group, _) = crate::registry::split_api_version(&resource.api_version);
+        let (group, _) = crate::gvk::split_api_version(&resource.api_version);
         let Some(schema) = self
             .kind(group, &resource.kind)
             .and_then(|k| k.status_schema.as_ref())

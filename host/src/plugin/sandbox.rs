@@ -20,9 +20,11 @@ use wasmtime_wasi::{
     WasiView,
 };
 
+use super::PluginError;
 use super::bindings::{Instance as Bindings, Pre as PluginPre};
 use super::{Limits, TICK};
-use crate::error::{MAX_ERROR_MESSAGE, PluginError, bounded};
+use crate::error::MAX_ERROR_MESSAGE;
+use crate::units::bounded;
 
 /// How many resource handles (pollables, streams) a call may hold at once.
 const MAX_HANDLES: usize = 10_000;

@@ -16,15 +16,11 @@ use crate::types::{KindInfo, Reference, ReferenceTarget};
 /// The label on every policy and binding the host generates.
 const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "wasm-operator");
 
-/// The policies and bindings of every Kind the registry serves whose spec names other objects:
-/// what `host admission` prints, the chart installs for the built-in plugins, and the operator
-/// installs with a `Plugin`'s CRDs.
-pub fn for_registry(registry: &crate::registry::Registry) -> Vec<Value> {
-    registry
-        .kinds()
-        .filter_map(|(_, kind)| objects(kind))
-        .flatten()
-        .collect()
+/// The policies and bindings of each of `kinds` (those a registry serves) whose spec names other
+/// objects: what `host admission` prints, the chart installs for the built-in plugins, and the
+/// operator installs with a `Plugin`'s CRDs.
+pub fn for_kinds<'a>(kinds: impl IntoIterator<Item = &'a KindInfo>) -> Vec<Value> {
+    kinds.into_iter().filter_map(objects).flatten().collect()
 }
 
 /// The policy and its binding for `kind`, or none when its spec names no other object.

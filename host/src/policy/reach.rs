@@ -132,7 +132,7 @@ pub fn check(allowed: &Allowed, namespace: &str, object: &Value) -> Reached {
     {
         let host = host.as_str().unwrap_or("");
         if !allowed.kms_hosts.contains(host) {
-            refused.push(crate::error::bounded(format!(
+            refused.push(crate::units::bounded(format!(
                 "spec.hostAPI: `{host}` is not a KMS API the operator may use ({}; --kms-host-api)",
                 list(&allowed.kms_hosts)
             ), MAX_REFUSAL));
@@ -161,7 +161,7 @@ const MAX_REFUSAL: usize = 512;
 /// Adds a refusal, made only while fewer than [`MAX_SAID`] are said, and cut to [`MAX_REFUSAL`].
 fn refuse(refused: &mut Vec<String>, make: impl FnOnce() -> String) {
     if refused.len() < MAX_SAID {
-        refused.push(crate::error::bounded(make(), MAX_REFUSAL));
+        refused.push(crate::units::bounded(make(), MAX_REFUSAL));
     } else if refused.len() == MAX_SAID {
         refused.push("and more".to_owned());
     }

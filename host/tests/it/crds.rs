@@ -8,7 +8,7 @@ use crate::support::{registry, root};
 fn crds_directory_is_up_to_date() {
     // The built-in plugins' CRDs, and the Plugin Kind's (as `host crds` prints them).
     let mut crds = host::crd::crds(registry()).unwrap();
-    crds.push(host::operator::plugins::crd());
+    crds.push(host::api::crd());
     let expected: BTreeMap<String, String> = host::crd::files(&crds).unwrap().into_iter().collect();
     let dir = root().join("crds");
     let actual: BTreeMap<String, String> = std::fs::read_dir(&dir)

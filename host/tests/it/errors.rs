@@ -1,6 +1,6 @@
 //! Invalid specs are refused with the field to blame, never a trap.
 
-use host::error::PluginError;
+use host::plugin::PluginError;
 use host::registry::RenderError;
 
 use crate::support::{registry, resource};

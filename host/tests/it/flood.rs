@@ -42,7 +42,7 @@ fn chart_run() -> (Vec<String>, u64) {
     let limit = container["resources"]["limits"]["memory"]
         .as_str()
         .expect("the chart sets a memory limit");
-    let limit = host::cli::parse_bytes(limit).expect("a size");
+    let limit = host::units::parse_bytes(limit).expect("a size");
     (args, u64::try_from(limit).unwrap())
 }
 

@@ -211,7 +211,7 @@ async fn every_rendered_manifest_passes_strict_server_side_dry_run_losing_nothin
             let name = obj["metadata"]["name"].as_str().unwrap().to_owned();
             let key = format!("{api_version}/{kind}");
             if !kinds.contains_key(&key) {
-                let (g, v) = host::registry::split_api_version(&api_version);
+                let (g, v) = host::gvk::split_api_version(&api_version);
                 let (ar, _) = pinned_kind(&client, &GroupVersionKind::gvk(g, v, &kind))
                     .await
                     .unwrap();

@@ -179,7 +179,7 @@ async fn a_kvcluster_the_kv_operator_made_is_taken_over_as_it_is() {
     ))
     .unwrap();
     assert!(
-        managers(&with_fields).contains(&host::operator::FIELD_MANAGER.to_owned()),
+        managers(&with_fields).contains(&host::ownership::FIELD_MANAGER.to_owned()),
         "not applied: {:?}",
         managers(&with_fields)
     );

@@ -148,10 +148,7 @@ pub(crate) fn wait_for(cp: &ControlPlane, condition: &str, what: &str) {
 
 /// The Plugin CRD, as `host crds` prints it, installed and Established.
 fn install_plugin_crd(cp: &ControlPlane) {
-    apply_cluster(
-        cp,
-        &serde_json::to_string(&host::operator::plugins::crd()).unwrap(),
-    );
+    apply_cluster(cp, &serde_json::to_string(&host::api::crd()).unwrap());
     wait_for(cp, "Established", "crd/plugins.wasm-operator.dev");
 }
 
@@ -233,7 +230,7 @@ async fn a_plugin_resource_is_served_upgraded_kept_on_a_bad_version_and_dropped_
     );
     let crd: Value = serde_json::from_str(&crd).unwrap();
     assert_eq!(
-        crd["metadata"]["annotations"][host::operator::plugins::CRD_OWNER],
+        crd["metadata"]["annotations"][host::api::CRD_OWNER],
         "hostile"
     );
     // Its Kind names a Secret (contract 1.2): the admission policy and its binding come with

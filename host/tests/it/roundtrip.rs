@@ -12,7 +12,7 @@ fn fixture(name: &str) -> host::types::Resource {
 }
 
 fn schema_properties(definition: &str) -> BTreeSet<String> {
-    let schema = host::crd::kubernetes_schema(definition).expect("known type");
+    let schema = host::kube_schema::kubernetes_schema(definition).expect("known type");
     schema["properties"]
         .as_object()
         .expect("properties")
@@ -82,7 +82,7 @@ fn every_volume_source_reaches_the_pod_unchanged() {
         .iter()
         .flat_map(|s| s.as_object().unwrap().keys().cloned())
         .collect();
-    let all = host::crd::kubernetes_schema("io.k8s.api.core.v1.Volume").unwrap();
+    let all = host::kube_schema::kubernetes_schema("io.k8s.api.core.v1.Volume").unwrap();
     let sources: BTreeSet<String> =
         all["properties"]["projected"]["properties"]["sources"]["items"]["properties"]
             .as_object()

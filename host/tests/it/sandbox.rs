@@ -4,7 +4,8 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use host::error::{Error, PluginError};
+use host::PluginError;
+use host::error::Error;
 use host::plugin::{Cache, Limits, Runtime};
 use host::registry::{Registry, RenderError};
 use host::types::Context;

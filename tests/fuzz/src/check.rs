@@ -6,7 +6,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use guest_kit::WireResource;
 use host::documents::{self, Format};
-use host::error::PluginError;
+use host::plugin::PluginError;
 use host::registry::{Registry, RenderError};
 use host::types::{Context, Resource};
 use serde_json::Value;
@@ -94,7 +94,7 @@ impl Checker {
 
     /// Whether the Kind's CRD would accept `resource`'s spec as it is.
     fn spec_conforms(&self, resource: &Resource) -> bool {
-        let (group, _) = host::registry::split_api_version(&resource.api_version);
+        let (group, _) = host::gvk::split_api_version(&resource.api_version);
         self.schemas
             .get(&(group.to_owned(), resource.kind.clone()))
             .is_some_and(|s| !s.is_null() && crate::kube::conforms(&resource.spec, s, self.strict))

@@ -22,7 +22,8 @@ pub fn inline(mut schema: Value) -> Option<Value> {
             Value::Object(o) => {
                 if let Some(Value::String(r)) = o.get("$ref") {
                     let name = r.trim_start_matches("#/definitions/").to_owned();
-                    let Some(Value::Object(inlined)) = host::crd::kubernetes_schema(&name) else {
+                    let Some(Value::Object(inlined)) = host::kube_schema::kubernetes_schema(&name)
+                    else {
                         return false;
                     };
                     o.remove("$ref");
@@ -102,7 +103,7 @@ pub fn conforms(v: &Value, schema: &Value, strict: bool) -> bool {
 /// Whether `v` is a valid value of the Kubernetes type named `definition` (those `crd.rs`
 /// inlines); unknown names pass.
 fn typed_as(definition: &str, v: &Value) -> bool {
-    host::crd::kubernetes_type(definition).is_none_or(|t| (t.accepts)(v))
+    host::kube_schema::kubernetes_type(definition).is_none_or(|t| (t.accepts)(v))
 }
 
 fn typed<T: DeserializeOwned>(o: &Value) -> Result<(), String> {

@@ -357,7 +357,7 @@ fn seeds(registry: &Registry) -> Result<Seeds, String> {
         .map(|(_, k)| {
             let mut schema = k.spec_schema.clone();
             // The CRD's schema: Kubernetes types inlined where the plugin names them.
-            if host::crd::inline_refs(&mut schema).is_err() {
+            if host::kube_schema::inline_refs(&mut schema).is_err() {
                 schema = k.spec_schema.clone();
             }
             let version = k.versions.first().cloned().unwrap_or_default();

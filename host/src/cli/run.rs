@@ -1,0 +1,190 @@
+//! `host run`: the operator.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+
+use super::args::parse_namespace;
+use super::{Error, PluginArgs, PolicyArgs, shutdown_signal};
+use crate::operator::budget::DEFAULT_CALLS_IN_FLIGHT;
+use crate::units::{parse_bytes, parse_duration};
+
+/// `host run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Plugins and limits.
+    #[command(flatten)]
+    pub plugins: PluginArgs,
+    /// Watch only these namespaces: repeat the flag or separate them with commas (default:
+    /// every namespace). Each is watched on its own, so the operator needs rights in these
+    /// namespaces only (`host rbac --watch-namespace`).
+    #[arg(long = "namespace", env = "WATCH_NAMESPACE", value_delimiter = ',', value_parser = parse_namespace, value_name = "NS")]
+    pub namespaces: Vec<String>,
+    /// Where /healthz, /readyz and /metrics are served.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub metrics_addr: std::net::SocketAddr,
+    /// Elect a leader on a coordination.k8s.io Lease, so that several replicas can run.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+    /// The Lease's namespace.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub lease_namespace: String,
+    /// The Lease's name.
+    #[arg(long, default_value = "wasm-operator")]
+    pub lease_name: String,
+    /// This replica's identity in the Lease (default: the pod's name, else host name and pid).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// Reconciliations in flight per Kind.
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: u16,
+    /// Applies and deletes in flight at once, across every Kind: what the operator may ask of
+    /// the API server at a time, however many reconciliations run.
+    #[arg(long, default_value_t = 16)]
+    pub max_writes_in_flight: u16,
+    /// The memory all plugin calls in flight may need together, such as 320Mi. Each call counts
+    /// its memory cap and four times its output cap (80Mi at the defaults) and waits, in its
+    /// namespace's turn, until that much is free; namespaces take turns, so one that floods the
+    /// operator does not hold up the others. Default: room for two calls at the sandbox limits.
+    #[arg(long, value_parser = parse_bytes, value_name = "BYTES")]
+    pub render_memory: Option<usize>,
+    /// Threads for the operator's asynchronous work (watches, API calls, status). Renders run
+    /// on threads of their own; one is enough for the rest, and spares the CPU it shares.
+    #[arg(long, default_value_t = 1)]
+    pub worker_threads: u16,
+    /// Also serve the plugins that `Plugin` resources (plugins.wasm-operator.dev, cluster-wide)
+    /// name, loaded, swapped and dropped live as those resources come, change and go. The
+    /// operator then installs the CRDs of their Kinds (`host rbac --plugin-resources` grants
+    /// what that needs).
+    #[arg(long)]
+    pub plugin_resources: bool,
+    /// How long a watch may keep failing (it cannot list or watch) before /readyz fails.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub unready_after: Duration,
+    /// How long one reconciliation may run before /healthz fails, so that the kubelet restarts
+    /// a stuck operator (default: 2m, or the render wait plus 1m when longer).
+    #[arg(long, value_parser = parse_duration)]
+    pub stuck_after: Option<Duration>,
+    /// What rendered objects are held to.
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+}
+
+/// `--render-memory`, else room for [`DEFAULT_CALLS_IN_FLIGHT`] calls at the sandbox limits;
+/// refused when not even one call fits.
+fn render_memory(args: &RunArgs) -> Result<u64, Error> {
+    let needs = args.plugins.sandbox.limits().call_memory();
+    let budget = match args.render_memory {
+        Some(bytes) => u64::try_from(bytes).unwrap_or(u64::MAX),
+        None => needs.saturating_mul(DEFAULT_CALLS_IN_FLIGHT),
+    };
+    if budget < needs {
+        return Err(Error::RenderMemoryTooSmall { budget, needs });
+    }
+    Ok(budget)
+}
+
+/// How long a reconciliation may run before `/healthz` fails: as asked, but never less than a
+/// render may take (a healthy operator would be restarted in a loop), else the default.
+fn stuck_after(asked: Option<Duration>, render_wait: Duration) -> Duration {
+    match asked {
+        Some(d) if d < render_wait => {
+            tracing::warn!(
+                "--stuck-after {d:?} is shorter than a render may take ({render_wait:?}: twice \
+                 --plugin-timeout plus 5 s); using {render_wait:?}"
+            );
+            render_wait
+        }
+        Some(d) => d,
+        None => crate::operator::Settings::default_stuck_after(render_wait),
+    }
+}
+
+pub(super) fn run(args: &RunArgs) -> Result<ExitCode, Error> {
+    let plugin_runtime = args.plugins.sandbox.runtime()?;
+    let registry = args.plugins.registry_in(&plugin_runtime)?;
+    let plugin_resources = if args.plugin_resources {
+        Some(crate::operator::plugins::Live {
+            runtime: plugin_runtime,
+            registries: args.plugins.registries.options()?,
+            store: args.plugins.sandbox.store(),
+        })
+    } else {
+        None
+    };
+    let identity = args.identity.clone().unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+        format!("{}-{}", host.trim(), std::process::id())
+    });
+    let agent = format!("wasm-operator/{} ({identity})", env!("CARGO_PKG_VERSION"));
+    // Past the deadline, the sandbox has stopped the call; the margin covers a starved CPU.
+    let render_wait = args.plugins.sandbox.plugin_timeout * 2 + Duration::from_secs(5);
+    let settings = crate::operator::Settings {
+        namespaces: args.namespaces.clone(),
+        metrics_addr: args.metrics_addr,
+        leader_election: args.leader_elect,
+        lease_namespace: args.lease_namespace.clone(),
+        lease_name: args.lease_name.clone(),
+        identity,
+        concurrency: args.concurrency.max(1),
+        max_writes_in_flight: args.max_writes_in_flight.max(1),
+        render_memory: render_memory(args)?,
+        render_wait,
+        unready_after: args.unready_after,
+        stuck_after: stuck_after(args.stuck_after, render_wait),
+        plugin_resources,
+        rules: args.policy.rules(),
+    };
+    let runtime = super::runtime(Some(usize::from(args.worker_threads)))?;
+    let result = runtime.block_on(async move {
+        // The operator names itself in every request, so the API server's audit log and
+        // metrics tell its writes (and each replica's) apart from everyone else's.
+        let mut config = kube::Config::infer()
+            .await
+            .map_err(|e| crate::operator::Error::Kube(kube::Error::InferConfig(e)))?;
+        if let Ok(value) = http::HeaderValue::from_str(&agent) {
+            config.headers.push((http::header::USER_AGENT, value));
+        }
+        let client = kube::Client::try_from(config)?;
+        crate::operator::run(client, registry, settings, shutdown_signal()).await
+    });
+    // A render that never returned (the operator stopped waiting for it) must not hold the
+    // process after shutdown.
+    runtime.shutdown_timeout(Duration::from_secs(5));
+    result?;
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{Cli, Command};
+    use clap::Parser;
+
+    fn run_args(args: &[&str]) -> RunArgs {
+        let cli = Cli::try_parse_from(["host", "run"].iter().chain(args)).unwrap();
+        match cli.command {
+            Command::Run(run) => *run,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_render_memory_is_room_for_two_calls_unless_set_and_never_less_than_one() {
+        assert_eq!(render_memory(&run_args(&[])).unwrap(), 160 << 20);
+        assert_eq!(
+            render_memory(&run_args(&["--plugin-memory=16Mi", "--plugin-output=1Mi"])).unwrap(),
+            40 << 20
+        );
+        assert_eq!(
+            render_memory(&run_args(&["--render-memory=1Gi"])).unwrap(),
+            1 << 30
+        );
+        let e = render_memory(&run_args(&["--render-memory=64Mi"])).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "--render-memory 64Mi is less than one plugin call may need, 80Mi (--plugin-memory and 4 times --plugin-output); raise it, or lower those"
+        );
+    }
+}
