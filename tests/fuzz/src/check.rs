@@ -393,6 +393,7 @@ fn resource_render(checker: &Checker, resource: &Resource) -> Result<Option<bool
                 | PluginError::OutputTooLarge { .. }
                 | PluginError::HandedTooMuch { .. }
                 | PluginError::ErrorTooLarge { .. }
+                | PluginError::TooManyValues { .. }
                 | PluginError::TooManyManifests { .. }
                     if spec_len >= LARGE_SPEC =>
                 {
@@ -403,6 +404,7 @@ fn resource_render(checker: &Checker, resource: &Resource) -> Result<Option<bool
                 | PluginError::OutputTooLarge { .. }
                 | PluginError::HandedTooMuch { .. }
                 | PluginError::ErrorTooLarge { .. }
+                | PluginError::TooManyValues { .. }
                 | PluginError::TooManyManifests { .. }
                 | PluginError::OverBudget { .. } => fail("guest-limit"),
                 PluginError::BadManifest { .. }
