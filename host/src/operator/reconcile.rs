@@ -244,13 +244,16 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
     let mut again = false;
     let fields = match plugin_status(&owner, ctx, &applied.children).await {
         Ok(fields) => fields,
-        Err(e) if e.transient() => {
-            // No room or time for the call now (the budget is busy): the fields stay as they
-            // were and the call is made again shortly, not at the next resync.
-            again = true;
-            plugin_fields(current_status(ctx, obj).as_ref())
-        }
         Err(e) => {
+            // No room in the budget for the call now: it never ran, and is made again shortly,
+            // not at the next resync.
+            again = matches!(
+                e,
+                RenderError::Plugin {
+                    error: PluginError::Busy(_),
+                    ..
+                }
+            );
             // The fields stay as they were; the resource says why they are not new.
             warnings.push(crate::types::Warning {
                 field: "status".into(),
@@ -282,8 +285,7 @@ struct Reported {
     again: bool,
 }
 
-/// When a status call put off (no room in the budget, or its deadline missed for busy CPUs) is
-/// made again.
+/// When a status call put off for want of room in the memory budget is made again.
 const STATUS_RETRY: Duration = Duration::from_secs(5);
 
 /// The plugin's own fields of a status (those the host does not own).
