@@ -8,9 +8,7 @@ use serde_json::{Value, json};
 
 /// The group of the `Plugin` Kind.
 pub const GROUP: &str = "wasm-operator.dev";
-/// Its version.
 pub const VERSION: &str = "v1alpha1";
-/// The Kind.
 pub const KIND: &str = "Plugin";
 /// Its resource name.
 pub const PLURAL: &str = "plugins";

@@ -30,7 +30,6 @@ const INSTANCES: usize = 3;
 pub struct Example {
     /// Where it came from, for the report.
     pub source: String,
-    /// The resource.
     pub resource: Resource,
 }
 
@@ -38,7 +37,6 @@ pub struct Example {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Outcome {
-    /// It held.
     Pass,
     /// It did not: the plugin must not be served as it is.
     Fail,
@@ -51,7 +49,6 @@ pub enum Outcome {
 pub struct Finding {
     /// Which check (`compile`, `contract`, `imports`, `describe`, `schemas`, `render`, `pure`).
     pub check: &'static str,
-    /// How it ended.
     pub outcome: Outcome,
     /// What it saw: for a failure, what is wrong and where.
     pub detail: String,

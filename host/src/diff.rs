@@ -46,11 +46,8 @@ pub struct Entry {
     pub owner: String,
     /// `apiVersion` of the object.
     pub api_version: String,
-    /// Its kind.
     pub kind: String,
-    /// Its namespace.
     pub namespace: String,
-    /// Its name.
     pub name: String,
     /// A unified diff of the object (live, then as it would be), Secret values masked; for a
     /// skipped object, why.

@@ -13,7 +13,6 @@ use crate::types::Resource;
 pub struct Document {
     /// Position in the file (items of a `List` share their list's number).
     pub index: usize,
-    /// The object.
     pub value: Value,
 }
 

@@ -23,9 +23,7 @@ pub enum Error {
     /// A plugin file could not be read.
     #[error("cannot read plugin {path}: {source}")]
     ReadPlugin {
-        /// The file.
         path: PathBuf,
-        /// Why.
         #[source]
         source: std::io::Error,
     },
@@ -34,7 +32,6 @@ pub enum Error {
     Load {
         /// The file, or `built-in NAME`.
         plugin: String,
-        /// Why.
         reason: String,
     },
     /// Two plugins from the command line serve the same Kind.
@@ -42,9 +39,7 @@ pub enum Error {
     KindConflict {
         /// `Kind.group`.
         kind: String,
-        /// One plugin.
         first: String,
-        /// The other.
         second: String,
     },
     /// An input file could not be read.
@@ -52,28 +47,19 @@ pub enum Error {
     ReadInput {
         /// The file (`-` for stdin).
         path: String,
-        /// Why.
         #[source]
         source: std::io::Error,
     },
     /// An input file is not YAML or JSON.
     #[error("{path}: {reason}")]
-    ParseInput {
-        /// The file.
-        path: String,
-        /// Why.
-        reason: String,
-    },
+    ParseInput { path: String, reason: String },
     /// A CRD schema referred to a Kubernetes type this host does not know.
     #[error(
         "plugin {plugin}: the schema of {kind} refers to {reference}, which is not a Kubernetes type this host knows"
     )]
     UnknownSchemaRef {
-        /// The plugin.
         plugin: String,
-        /// The Kind.
         kind: String,
-        /// The `$ref`.
         reference: String,
     },
     /// Output could not be written.
@@ -81,5 +67,4 @@ pub enum Error {
     Output(String),
 }
 
-/// The host's result.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -75,9 +75,7 @@ pub fn push(
 
 /// Where a plugin to inspect comes from.
 pub enum Subject {
-    /// A file.
     File(PathBuf),
-    /// A registry.
     Oci(Reference),
 }
 
@@ -109,7 +107,6 @@ impl Subject {
 /// A plugin's bytes, read from a file or pulled (checked against its digests), with the name
 /// reports give it: the path, or the reference pinned to its digest.
 pub struct Fetched {
-    /// The component.
     pub wasm: Vec<u8>,
     /// The path, or `oci://` and the pinned reference.
     pub source: String,

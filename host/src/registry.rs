@@ -69,7 +69,6 @@ pub enum RenderError {
         api_version: String,
         /// The resource's kind.
         kind: String,
-        /// Versions served.
         versions: Vec<String>,
     },
     /// The spec does not fit the Kind's schema (see [`crate::schema`]).
@@ -78,7 +77,6 @@ pub enum RenderError {
     Plugin {
         /// The plugin's name.
         plugin: String,
-        /// What happened.
         error: PluginError,
     },
 }
@@ -134,13 +132,11 @@ impl RenderError {
 /// Where a plugin given on the command line comes from.
 #[derive(Debug, Clone)]
 pub enum Source {
-    /// A file.
     File(PathBuf),
     /// Bytes already read: a plugin pulled from a registry, named by its pinned reference.
     Wasm {
         /// What errors and logs call it (`oci://registry/repository@sha256:...`).
         name: String,
-        /// The component.
         wasm: Vec<u8>,
     },
 }

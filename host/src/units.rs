@@ -15,7 +15,6 @@ pub enum Error {
     /// A duration no `Duration` holds (negative, or too long).
     #[error("`{text}`: {reason}")]
     OutOfRange {
-        /// What was given.
         text: String,
         /// Why it is out of range.
         reason: String,

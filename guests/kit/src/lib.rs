@@ -15,6 +15,9 @@
 //! Guests are pure: the same input gives the same bytes out. Everything here uses ordered maps
 //! (`serde_json`'s default `Map` is a `BTreeMap`), never a randomly seeded hash map.
 
+// Plugin authors read this crate's documentation: every public item says what it is for.
+#![warn(missing_docs)]
+
 mod export;
 pub mod render;
 pub mod schema;

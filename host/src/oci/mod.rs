@@ -47,49 +47,27 @@ pub enum Error {
     /// The reference cannot be read.
     #[error("`{reference}` is not a plugin reference: {why}")]
     Reference {
-        /// As given.
         reference: String,
         /// What is wrong with it.
         why: String,
     },
     /// The registry did not answer.
     #[error("registry {registry} cannot be reached: {why}")]
-    Unreachable {
-        /// The registry.
-        registry: String,
-        /// Why.
-        why: String,
-    },
+    Unreachable { registry: String, why: String },
     /// The registry refused the credentials, or asked for some that are not configured.
     #[error(
         "registry {registry} refused access: {why} (credentials come from --registry-config, a Docker config JSON)"
     )]
-    Unauthorized {
-        /// The registry.
-        registry: String,
-        /// Why.
-        why: String,
-    },
+    Unauthorized { registry: String, why: String },
     /// The registry answered something unexpected.
     #[error("registry {registry}: {why}")]
-    Registry {
-        /// The registry.
-        registry: String,
-        /// What it answered.
-        why: String,
-    },
+    Registry { registry: String, why: String },
     /// The manifest is not a Wasm plugin.
     #[error("{reference}: {why}")]
-    NotAPlugin {
-        /// The reference pulled.
-        reference: String,
-        /// Why.
-        why: String,
-    },
+    NotAPlugin { reference: String, why: String },
     /// Bytes that do not hash to the digest that names them.
     #[error("{what} does not match its digest: expected {expected}, got {actual}; it is not used")]
     Digest {
-        /// What was checked.
         what: String,
         /// The digest that names it.
         expected: String,
@@ -100,32 +78,21 @@ pub enum Error {
     #[error(
         "{reference} names a tag, and --require-digest takes only references pinned by digest: use {reference}@sha256:<digest> (`host pull` prints it)"
     )]
-    TagRefused {
-        /// The reference.
-        reference: String,
-    },
+    TagRefused { reference: String },
     /// The credentials cannot be read.
     #[error("registry credentials{}: {why}", path.as_ref().map(|p| format!(" ({})", p.display())).unwrap_or_default())]
     Credentials {
         /// The Docker config JSON, if one was read.
         path: Option<PathBuf>,
-        /// What is wrong.
         why: String,
     },
     /// The CA certificates cannot be read.
     #[error("CA certificates {}: {why}", path.display())]
-    Ca {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong.
-        why: String,
-    },
+    Ca { path: PathBuf, why: String },
     /// A file could not be read or written.
     #[error("{}: {source}", path.display())]
     Io {
-        /// The file.
         path: PathBuf,
-        /// Why.
         #[source]
         source: std::io::Error,
     },
@@ -197,7 +164,6 @@ pub fn digest(bytes: &[u8]) -> String {
 pub struct ComponentInfo {
     /// Its imports (interfaces with versions).
     pub imports: Vec<String>,
-    /// Its exports.
     pub exports: Vec<String>,
 }
 
@@ -364,7 +330,6 @@ async fn upload(client: &Client, blob: Bytes) -> Result<(), Error> {
 pub struct Pulled {
     /// The reference, pinned to the manifest's digest.
     pub reference: Reference,
-    /// The component.
     pub wasm: Vec<u8>,
     /// The layer's media type (`application/wasm`, or an older one).
     pub media_type: String,

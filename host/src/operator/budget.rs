@@ -25,7 +25,6 @@ pub const DEFAULT_CALLS_IN_FLIGHT: u64 = 2;
 pub struct OverBudget {
     /// What the call needs.
     pub needs: u64,
-    /// The whole budget.
     pub budget: u64,
 }
 
@@ -77,7 +76,6 @@ impl Grant {
         self
     }
 
-    /// The bytes held.
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
@@ -128,7 +126,6 @@ impl Budget {
         })
     }
 
-    /// The whole budget.
     pub fn total(&self) -> u64 {
         self.total
     }

@@ -5,7 +5,6 @@
 pub struct Builtin {
     /// Its name, as `describe` gives it.
     pub name: &'static str,
-    /// The component.
     pub wasm: &'static [u8],
     /// The sha256 of `wasm`, hex, computed when the host was built.
     pub sha256: &'static str,

@@ -49,7 +49,6 @@ impl Cache {
         Self { dir: dir.into() }
     }
 
-    /// The directory.
     pub fn dir(&self) -> &Path {
         &self.dir
     }

@@ -17,7 +17,6 @@ pub enum PluginError {
         "tried to grow its memory to {tried} bytes (all its linear memories together), over the cap of {limit} bytes, and was stopped"
     )]
     Memory {
-        /// The cap.
         limit: usize,
         /// The total size it asked for.
         tried: usize,
@@ -31,7 +30,6 @@ pub enum PluginError {
     OverBudget {
         /// What one call may need.
         needs: u64,
-        /// The whole budget.
         budget: u64,
     },
     /// No instance could be made: the host's instance pool was exhausted by calls running at the
@@ -50,7 +48,6 @@ pub enum PluginError {
     Render {
         /// The field to blame.
         field: String,
-        /// Why.
         message: String,
     },
     /// The guest returned an error (field and message) larger than the output cap.
@@ -63,12 +60,7 @@ pub enum PluginError {
     },
     /// The guest returned more than the output cap.
     #[error("returned {bytes} bytes of manifests, over the cap of {limit} bytes")]
-    OutputTooLarge {
-        /// What it returned.
-        bytes: usize,
-        /// The cap.
-        limit: usize,
-    },
+    OutputTooLarge { bytes: usize, limit: usize },
     /// The guest handed the host more data in one call than the output cap (with room for the
     /// lists' and strings' headers) allows: refused while it was being copied out, before the
     /// host held it.
@@ -86,7 +78,6 @@ pub enum PluginError {
     TooManyValues {
         /// How many values its manifests hold, at most.
         values: usize,
-        /// The cap.
         limit: usize,
     },
     /// The guest returned more manifests than one render may.
@@ -94,17 +85,11 @@ pub enum PluginError {
     TooManyManifests {
         /// How many it returned.
         count: usize,
-        /// The cap.
         limit: usize,
     },
     /// A returned manifest is not a JSON object.
     #[error("returned manifest {index} that is not valid: {reason}")]
-    BadManifest {
-        /// Its position.
-        index: usize,
-        /// Why.
-        reason: String,
-    },
+    BadManifest { index: usize, reason: String },
     /// `describe` returned something unusable.
     #[error("described itself wrongly: {0}")]
     BadDescription(String),

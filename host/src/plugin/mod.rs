@@ -124,7 +124,6 @@ pub struct Anatomy {
     pub size: usize,
     /// What it imports (interfaces and functions, with their versions).
     pub imports: Vec<String>,
-    /// What it exports.
     pub exports: Vec<String>,
 }
 

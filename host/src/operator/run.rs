@@ -1,0 +1,332 @@
+//! The run loop: leader election, setup of the watches and controllers, and shutdown.
+
+use super::*;
+
+/// Runs the operator until `shutdown` resolves (SIGTERM in the binary), then finishes the
+/// reconciliations in flight and steps down.
+pub async fn run(
+    client: kube::Client,
+    registry: Registry,
+    settings: Settings,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    let metrics = Arc::new(Metrics::default());
+    metrics.set_limits(settings.unready_after, settings.stuck_after);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = {
+        let rx = stop_rx.clone();
+        move || {
+            let mut rx = rx.clone();
+            async move {
+                let _ = rx.wait_for(|s| *s).await;
+            }
+        }
+    };
+    let addr = metrics::serve(settings.metrics_addr, metrics.clone(), stopped())
+        .await
+        .map_err(|source| Error::Serve {
+            addr: settings.metrics_addr,
+            source,
+        })?;
+    tracing::info!(%addr, "serving /healthz, /readyz and /metrics");
+
+    // Leader election: only the leader reconciles; the others wait.
+    let mut leadership = None;
+    let mut fence = lease::Fence::open();
+    let mut prefetched = BTreeMap::new();
+    if settings.leader_election {
+        let (is_leader, lease_fence, handle) = lease::elect(
+            client.clone(),
+            &settings.lease_namespace,
+            &settings.lease_name,
+            &settings.identity,
+        );
+        let mut is_leader = is_leader;
+        fence = lease_fence;
+        tracing::info!(identity = %settings.identity, lease = %settings.lease_name, "waiting to lead");
+        metrics.set_ready(true);
+        // Meanwhile, the Plugins are made ready to serve.
+        let standby = settings.plugin_resources.as_ref().map(|live| {
+            plugins::Standby::start(
+                client.clone(),
+                live.clone(),
+                registry.context().clone(),
+                metrics.clone(),
+            )
+        });
+        let mut stop = stop_rx.clone();
+        let elected = tokio::select! {
+            r = is_leader.wait_for(|l| *l) => { r.map(|_| true).map_err(|e| Error::Lease(e.to_string()))? }
+            _ = stop.wait_for(|s| *s) => false,
+        };
+        prefetched = standby.map(plugins::Standby::take).unwrap_or_default();
+        metrics.plugins_prefetched.set(0);
+        if !elected {
+            drop(is_leader);
+            let _ = handle.await;
+            return Ok(());
+        }
+        tracing::info!(identity = %settings.identity, "leading");
+        // Ready again once this replica's watches have listed (below).
+        metrics.set_ready(false);
+        leadership = Some((is_leader, handle));
+    }
+
+    let (shared, writers) = setup(
+        client.clone(),
+        registry,
+        metrics.clone(),
+        &settings,
+        fence.clone(),
+    )
+    .await?;
+    let shared = Arc::new(shared);
+    let mut report_workers = Vec::new();
+    for _ in 0..report::WORKERS {
+        let shared = shared.clone();
+        report_workers.push(tokio::spawn(async move {
+            shared.reports.work(&shared.metrics).await;
+        }));
+    }
+
+    // Stop on shutdown, or when another replica takes the lease.
+    let mut lost = leadership.as_ref().map(|(rx, _)| rx.clone());
+    let mut stop = stop_rx.clone();
+    let trigger = async move {
+        match lost.as_mut() {
+            Some(rx) => {
+                tokio::select! {
+                    _ = rx.wait_for(|l| !*l) => tracing::warn!("lost the lease; stopping"),
+                    _ = stop.wait_for(|s| *s) => {}
+                }
+            }
+            None => {
+                let _ = stop.wait_for(|s| *s).await;
+            }
+        }
+    };
+    let (trigger_tx, _) = tokio::sync::broadcast::channel::<()>(1);
+    let trigger_tx2 = trigger_tx.clone();
+    let mut stopping = shared.stopping.subscribe();
+    let halted = shared.clone();
+    tokio::spawn(async move {
+        trigger.await;
+        halted.stopping.send_replace(true);
+        let _ = trigger_tx2.send(());
+    });
+
+    // Reconciliation starts, and the operator is ready, once every watch has listed what it
+    // watches (into its store): the operator then sees the cluster.
+    let mut listed = children::watch_children(&shared, writers);
+    let registry = shared.registry();
+    let kinds: Vec<_> = registry.kinds().collect();
+    let discovered = discover(
+        &client,
+        kinds
+            .iter()
+            .map(|(_, kind)| GroupVersionKind::gvk(&kind.group, &kind.versions[0], &kind.kind)),
+    )
+    .await;
+    let controllers = Arc::new(Controllers {
+        stop: trigger_tx.clone(),
+        stopping: stopping.clone(),
+        running: Mutex::new(Vec::new()),
+        kinds: Mutex::new(BTreeMap::new()),
+        finding: tokio::sync::Mutex::new(()),
+        unserved: Mutex::new(Vec::new()),
+    });
+    for ((plugin, kind), found) in kinds.into_iter().zip(discovered) {
+        let gvk = GroupVersionKind::gvk(&kind.group, &kind.versions[0], &kind.kind);
+        match found {
+            Ok((ar, _)) => {
+                listed.extend(controllers.start(&shared, &settings, plugin.name(), kind, ar))
+            }
+            Err(e) => {
+                tracing::error!(kind = %kind.kind, group = %kind.group, plugin = %plugin.name(),
+                    "not serving {}.{}: its CRD is not installed ({e}); install crds/ (looked for again every {REDISCOVER:?})", kind.plural, kind.group);
+                lock(&controllers.unserved).push((plugin.name().to_owned(), kind.clone(), gvk));
+            }
+        }
+    }
+    // Plugins served as `Plugin` resources, loaded as they come, change and go.
+    let live = match &settings.plugin_resources {
+        Some(live) => {
+            let (task, first) = plugins::serve(
+                shared.clone(),
+                settings.clone(),
+                controllers.clone(),
+                live.clone(),
+                std::mem::take(&mut prefetched),
+            );
+            listed.push(("plugins.wasm-operator.dev".to_owned(), first));
+            Some(task)
+        }
+        None => None,
+    };
+    if live.is_none() && lock(&controllers.running).is_empty() {
+        return Err(Error::NothingToServe(
+            "no CRD of any Kind the plugins serve is installed".into(),
+        ));
+    }
+    let synced = shared.clone();
+    tokio::spawn(async move {
+        // A watch that cannot list (no RBAC for it, say) must not hold every Kind back forever.
+        let deadline = tokio::time::Instant::now() + SYNC_TIMEOUT;
+        for (name, mut done) in listed {
+            // An error means its watch ended: nothing more to wait for.
+            let listed = tokio::time::timeout_at(deadline, done.wait_for(|d| *d)).await;
+            if listed.is_err() {
+                tracing::warn!(watch = %name, "not listed after {SYNC_TIMEOUT:?}; reconciling without it");
+            }
+        }
+        tracing::info!("caches synced; reconciling");
+        synced.synced.send_replace(true);
+        synced.metrics.set_ready(true);
+    });
+    let rediscovery = tokio::spawn(rediscover(
+        shared.clone(),
+        settings.clone(),
+        controllers.clone(),
+    ));
+    // Until the operator stops (shutdown, or the Lease lost); then every controller, those
+    // started later too (a Kind whose CRD came late, a plugin loaded live), finishes.
+    let _ = stopping.wait_for(|s| *s).await;
+    // Nothing starts controllers from here on.
+    if let Some(live) = live {
+        live.abort();
+    }
+    rediscovery.abort();
+    loop {
+        let next = lock(&controllers.running).pop();
+        let Some(c) = next else { break };
+        let _ = c.await;
+    }
+    // Finish what the last reconciliations had to report before stepping down.
+    shared.reports.flush(Duration::from_secs(10)).await;
+    for w in report_workers {
+        w.abort();
+    }
+    metrics.set_ready(false);
+    if let Some((rx, handle)) = leadership {
+        let lost = !*rx.borrow();
+        drop(rx);
+        let _ = handle.await;
+        tracing::info!("stepped down");
+        if lost && !*stop_rx.borrow() {
+            return Err(Error::Lease("another replica took the lease".into()));
+        }
+    }
+    Ok(())
+}
+
+/// Discovers the child kinds; each the cluster serves gets a store for its watch.
+pub(super) async fn setup(
+    client: kube::Client,
+    registry: Registry,
+    metrics: Arc<Metrics>,
+    settings: &Settings,
+    fence: Arc<lease::Fence>,
+) -> Result<(Shared, Vec<children::Writer>), Error> {
+    // Every child kind once (by `group/version/Kind`), all discovered at once.
+    let mut wanted = BTreeMap::new();
+    for plugin in registry.plugins() {
+        for child in &plugin.info().children {
+            let api_version = crate::gvk::api_version(&child.group, &child.version);
+            wanted
+                .entry(gvk_key(&api_version, &child.kind))
+                .or_insert((api_version, child.clone()));
+        }
+    }
+    let discovered = discover(
+        &client,
+        wanted
+            .values()
+            .map(|(_, child)| GroupVersionKind::gvk(&child.group, &child.version, &child.kind)),
+    )
+    .await;
+    let mut targets = BTreeMap::new();
+    let mut watched = BTreeMap::new();
+    let mut writers = Vec::new();
+    let mut missing = Vec::new();
+    for ((key, (api_version, child)), found) in wanted.into_iter().zip(discovered) {
+        let entry = match found {
+            Ok((_, caps)) if caps.scope != Scope::Namespaced => {
+                Err(format!("{} is cluster-scoped", child.kind))
+            }
+            Ok((ar, _)) => {
+                // One watch per `group/Kind`, on the first version the cluster serves.
+                let kind = children::kind_key(&api_version, &child.kind);
+                if let std::collections::btree_map::Entry::Vacant(slot) = watched.entry(kind) {
+                    let (more, watch) = Watched::new(slot.key(), &ar, &settings.scopes());
+                    writers.extend(more);
+                    slot.insert(watch);
+                }
+                Ok(ar)
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                missing.push((
+                    key.clone(),
+                    GroupVersionKind::gvk(&child.group, &child.version, &child.kind),
+                ));
+                Err(format!(
+                    "the API server does not serve {api_version} {} (is its CRD installed?)",
+                    child.kind
+                ))
+            }
+            Err(e) => {
+                // Served later, perhaps (a CRD still being established, an API server busy).
+                missing.push((
+                    key.clone(),
+                    GroupVersionKind::gvk(&child.group, &child.version, &child.kind),
+                ));
+                Err(format!(
+                    "discovery of {api_version} {} failed: {e}",
+                    child.kind
+                ))
+            }
+        };
+        if let Err(why) = &entry {
+            tracing::warn!(kind = %child.kind, "children of this kind will be skipped: {why}");
+        }
+        targets.insert(key, entry);
+    }
+    let reporter = Reporter {
+        controller: FIELD_MANAGER.to_owned(),
+        instance: Some(settings.identity.clone()),
+    };
+    let applies = Arc::new(Applies::default());
+    let shared = Shared {
+        reports: report::Reports::new(
+            client.clone(),
+            Recorder::new(client.clone(), reporter),
+            applies.clone(),
+            fence.clone(),
+        ),
+        fence,
+        applies,
+        client,
+        registry: RwLock::new(Arc::new(registry)),
+        metrics,
+        targets: RwLock::new(targets),
+        watched: RwLock::new(watched),
+        missing: Mutex::new(missing),
+        owners: Arc::new(Mutex::new(BTreeMap::new())),
+        applied: Mutex::new(BTreeMap::new()),
+        owned: Mutex::new(OwnerIndex::default()),
+        waiting: Mutex::new(Waiting::default()),
+        failures: Mutex::new(BTreeMap::new()),
+        writes: tokio::sync::Semaphore::new(usize::from(settings.max_writes_in_flight)),
+        budget: budget::Budget::new(settings.render_memory),
+        concurrency: settings.concurrency,
+        synced: tokio::sync::watch::Sender::new(false),
+        stopping: tokio::sync::watch::Sender::new(false),
+        render_wait: settings.render_wait,
+        rules: settings.rules.clone(),
+        levels: Mutex::new(BTreeMap::new()),
+    };
+    Ok((shared, writers))
+}
