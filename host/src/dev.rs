@@ -30,9 +30,61 @@ pub enum Error {
          holding etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and kwok)"
     )]
     ControlPlane(#[source] testenv::Error),
-    /// A step failed.
-    #[error("{0}")]
-    Step(String),
+    /// The async runtime could not start.
+    #[error("cannot start the async runtime: {0}")]
+    Start(#[source] std::io::Error),
+    /// Ctrl-C or SIGTERM came before everything had started.
+    #[error("interrupted during start-up")]
+    Interrupted,
+    /// A file of the demo could not be written.
+    #[error("writing {}: {source}", path.display())]
+    Write {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why it could not be.
+        #[source]
+        source: std::io::Error,
+    },
+    /// No client for the control plane could be made.
+    #[error("a client for the control plane: {0}")]
+    Client(#[source] testenv::Error),
+    /// The operator ended before the demo did.
+    #[error("the operator stopped by itself")]
+    OperatorStopped,
+    /// The operator stopped on an error.
+    #[error("the operator failed: {0}")]
+    Operator(#[source] crate::operator::Error),
+    /// The operator's task panicked or was cancelled.
+    #[error("the operator's task: {0}")]
+    OperatorTask(#[source] tokio::task::JoinError),
+    /// A document of an example file is not a resource, or no plugin serves its Kind.
+    #[error("{place}: {reason}")]
+    Example {
+        /// `FILE: document N`.
+        place: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The example files hold no resources.
+    #[error("no resources in {0}")]
+    NoExamples(String),
+    /// kubectl could not be run.
+    #[error("kubectl {args}: {source}")]
+    Kubectl {
+        /// Its arguments.
+        args: String,
+        /// Why it could not run.
+        #[source]
+        source: std::io::Error,
+    },
+    /// kubectl ran and failed.
+    #[error("kubectl {args}: {stderr}")]
+    KubectlFailed {
+        /// Its arguments.
+        args: String,
+        /// What it said.
+        stderr: String,
+    },
     /// The examples could not be read.
     #[error(transparent)]
     Input(#[from] crate::Error),
@@ -70,7 +122,7 @@ pub fn run(
         .worker_threads(2)
         .enable_all()
         .build()
-        .map_err(|e| Error::Step(format!("cannot start the async runtime: {e}")))?;
+        .map_err(Error::Start)?;
     let mut shutdown = Box::pin(shutdown);
     // One poll installs the handlers (tokio installs a signal's handler on first use).
     let early = runtime.block_on(futures::future::poll_immediate(&mut shutdown));
@@ -83,7 +135,7 @@ pub fn run(
     }
     let interrupted = || -> Result<(), Error> {
         if *stopping.borrow() {
-            Err(Error::Step("interrupted during start-up".into()))
+            Err(Error::Interrupted)
         } else {
             Ok(())
         }
@@ -144,8 +196,10 @@ fn start_up(
     say("installing the CRDs of the plugins' Kinds");
     let crds = documents::write(&crate::crd::crds(registry)?, Format::Yaml)?;
     let crds_file = cp.dir().join("crds.yaml");
-    std::fs::write(&crds_file, crds)
-        .map_err(|e| Error::Step(format!("writing {}: {e}", crds_file.display())))?;
+    std::fs::write(&crds_file, crds).map_err(|source| Error::Write {
+        path: crds_file.clone(),
+        source,
+    })?;
     kubectl(
         cp,
         &[
@@ -183,10 +237,7 @@ async fn operate(
     let say = |text: &str| eprintln!("host dev: {text} ({}s)", started.elapsed().as_secs());
     let kubeconfig = cp.kubeconfig().display().to_string();
 
-    let client = cp
-        .client()
-        .await
-        .map_err(|e| Error::Step(format!("a client for the control plane: {e}")))?;
+    let client = cp.client().await.map_err(Error::Client)?;
     let metrics_port = testenv::free_port().map_err(Error::ControlPlane)?;
     let settings = crate::operator::Settings {
         namespaces: Vec::new(),
@@ -259,9 +310,9 @@ async fn operate(
             // table would never move again.
             ended = &mut operator => {
                 return Err(match ended {
-                    Ok(Ok(())) => Error::Step("the operator stopped by itself".into()),
-                    Ok(Err(e)) => Error::Step(format!("the operator failed: {e}")),
-                    Err(e) => Error::Step(format!("the operator's task: {e}")),
+                    Ok(Ok(())) => Error::OperatorStopped,
+                    Ok(Err(e)) => Error::Operator(e),
+                    Err(e) => Error::OperatorTask(e),
                 });
             }
             () = tokio::time::sleep(Duration::from_millis(500)) => {}
@@ -271,8 +322,8 @@ async fn operate(
     let _ = stop_tx.send(());
     match operator.await {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(Error::Step(format!("the operator failed: {e}"))),
-        Err(e) => Err(Error::Step(format!("the operator's task: {e}"))),
+        Ok(Err(e)) => Err(Error::Operator(e)),
+        Err(e) => Err(Error::OperatorTask(e)),
     }
 }
 
@@ -333,18 +384,19 @@ fn examples(registry: &Registry, inputs: &[String]) -> Result<Vec<Row>, Error> {
     for path in documents::expand(inputs)? {
         let text = documents::read(&path)?;
         for doc in documents::parse(&path, &text)? {
-            let resource = documents::resource(&doc.value).map_err(|reason| {
-                Error::Step(format!("{path}: document {}: {reason}", doc.index))
+            let resource = documents::resource(&doc.value).map_err(|reason| Error::Example {
+                place: format!("{path}: document {}", doc.index),
+                reason,
             })?;
             let (group, version) = crate::gvk::split_api_version(&resource.api_version);
             let Some((_, kind)) = registry
                 .kinds()
                 .find(|(_, k)| k.group == group && k.kind == resource.kind)
             else {
-                return Err(Error::Step(format!(
-                    "{path}: document {}: no plugin serves {} in {group}",
-                    doc.index, resource.kind
-                )));
+                return Err(Error::Example {
+                    place: format!("{path}: document {}", doc.index),
+                    reason: format!("no plugin serves {} in {group}", resource.kind),
+                });
             };
             rows.push(Row {
                 ar: ApiResource {
@@ -364,7 +416,7 @@ fn examples(registry: &Registry, inputs: &[String]) -> Result<Vec<Row>, Error> {
         }
     }
     if rows.is_empty() {
-        return Err(Error::Step(format!("no resources in {}", inputs.join(" "))));
+        return Err(Error::NoExamples(inputs.join(" ")));
     }
     Ok(rows)
 }
@@ -393,15 +445,17 @@ fn kubectl(cp: &testenv::ControlPlane, args: &[&str]) -> Result<(), Error> {
         .args(args)
         .stdin(Stdio::null())
         .output()
-        .map_err(|e| Error::Step(format!("kubectl {}: {e}", args.join(" "))))?;
+        .map_err(|source| Error::Kubectl {
+            args: args.join(" "),
+            source,
+        })?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(Error::Step(format!(
-            "kubectl {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )))
+        Err(Error::KubectlFailed {
+            args: args.join(" "),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        })
     }
 }
 

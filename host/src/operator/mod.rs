@@ -76,9 +76,13 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    /// Leader election failed.
-    #[error("leader election: {0}")]
-    Lease(String),
+    /// The leader election task ended before this replica led.
+    #[error("leader election: the election task ended: {0}")]
+    Election(#[source] tokio::sync::watch::error::RecvError),
+    /// Another replica took the Lease while this one led: it stops rather than write as a
+    /// second leader.
+    #[error("leader election: another replica took the lease")]
+    LeaseLost,
     /// No Kind could be served.
     #[error("no Kind can be served: {0}")]
     NothingToServe(String),

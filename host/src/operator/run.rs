@@ -60,7 +60,7 @@ pub async fn run(
         });
         let mut stop = stop_rx.clone();
         let elected = tokio::select! {
-            r = is_leader.wait_for(|l| *l) => { r.map(|_| true).map_err(|e| Error::Lease(e.to_string()))? }
+            r = is_leader.wait_for(|l| *l) => { r.map(|_| true).map_err(Error::Election)? }
             _ = stop.wait_for(|s| *s) => false,
         };
         prefetched = standby.map(plugins::Standby::take).unwrap_or_default();
@@ -217,7 +217,7 @@ pub async fn run(
         let _ = handle.await;
         tracing::info!("stepped down");
         if lost && !*stop_rx.borrow() {
-            return Err(Error::Lease("another replica took the lease".into()));
+            return Err(Error::LeaseLost);
         }
     }
     Ok(())

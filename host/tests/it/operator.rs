@@ -730,7 +730,10 @@ async fn runs_with_its_rbac_skips_missing_crds_and_survives_an_api_server_restar
     if op.task.is_finished() {
         let ended = op.finish().await;
         assert!(
-            matches!(&ended, Err(host::operator::Error::Lease(_))),
+            matches!(
+                &ended,
+                Err(host::operator::Error::LeaseLost | host::operator::Error::Election(_))
+            ),
             "the operator ended for another reason than its Lease: {ended:?}"
         );
         op =
@@ -1513,7 +1516,10 @@ async fn leader_partitioned(fault: Fault) {
     );
     let ended = a.finish().await;
     assert!(
-        matches!(&ended, Err(host::operator::Error::Lease(_))),
+        matches!(
+            &ended,
+            Err(host::operator::Error::LeaseLost | host::operator::Error::Election(_))
+        ),
         "replica-a should have stepped down: {ended:?}"
     );
 

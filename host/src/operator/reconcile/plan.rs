@@ -288,12 +288,7 @@ pub(crate) mod tests {
         fn target(&self, gvk: &str) -> Option<Result<ApiResource, String>> {
             self.targets.get(gvk).cloned()
         }
-        fn live(
-            &self,
-            kind_key: &str,
-            namespace: &str,
-            name: &str,
-        ) -> Option<Arc<LiveChild>> {
+        fn live(&self, kind_key: &str, namespace: &str, name: &str) -> Option<Arc<LiveChild>> {
             self.live
                 .get(&(kind_key.into(), namespace.into(), name.into()))
                 .cloned()
