@@ -86,6 +86,7 @@ impl Loaded {
 }
 
 /// Why a Plugin is not served as asked.
+#[derive(Debug)]
 struct Refusal {
     /// Short CamelCase.
     reason: &'static str,

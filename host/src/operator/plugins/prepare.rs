@@ -2,41 +2,46 @@
 //! pulled, verified against its digest, compiled and checked as `host check` does.
 
 use super::*;
+use crate::api::{PluginLimits, PluginSpec};
 
 /// The image a Plugin's `spec` names (pinned by digest), and the limits it asks for.
 pub(super) fn wanted(live: &Live, spec: &Value) -> Result<(Reference, Limits), Refusal> {
-    let image = spec["image"].as_str().unwrap_or_default();
-    let reference = Reference::parse(image)
+    let spec: PluginSpec = serde_json::from_value(spec.clone())
+        .map_err(|e| Refusal::stalled("InvalidSpec", format!("spec: {e}")))?;
+    let reference = Reference::parse(&spec.image)
         .map_err(|e| Refusal::stalled("InvalidImage", format!("spec.image: {e}")))?;
     if reference.digest.is_none() {
         return Err(Refusal::stalled(
             "TagNotAllowed",
             format!(
-                "spec.image: {image} names no digest: pin it (`host push` and `host pull` print REF@sha256:...)"
+                "spec.image: {} names no digest: pin it (`host push` and `host pull` print REF@sha256:...)",
+                spec.image
             ),
         ));
     }
-    Ok((reference, limits(live, spec)?))
+    Ok((reference, limits(live, spec.limits.as_ref())?))
 }
 
 /// The sandbox limits `spec.limits` asks for, within the operator's own.
-pub(super) fn limits(live: &Live, spec: &Value) -> Result<Limits, Refusal> {
+pub(super) fn limits(live: &Live, asked: Option<&PluginLimits>) -> Result<Limits, Refusal> {
     let mut limits = live.runtime.limits();
-    let l = &spec["limits"];
+    let Some(l) = asked else {
+        return Ok(limits);
+    };
     let bad = |field: &str, e: crate::units::Error| {
         Refusal::stalled("InvalidLimits", format!("spec.limits.{field}: {e}"))
     };
-    if let Some(t) = l["timeout"].as_str() {
+    if let Some(t) = &l.timeout {
         limits.deadline = crate::units::parse_duration(t).map_err(|e| bad("timeout", e))?;
     }
-    if let Some(m) = l["memory"].as_str() {
+    if let Some(m) = &l.memory {
         limits.memory_bytes = crate::units::parse_bytes(m).map_err(|e| bad("memory", e))?;
     }
-    if let Some(o) = l["output"].as_str() {
+    if let Some(o) = &l.output {
         limits.output_bytes = crate::units::parse_bytes(o).map_err(|e| bad("output", e))?;
     }
-    if let Some(n) = l["maxManifests"].as_u64() {
-        limits.max_manifests = usize::try_from(n).unwrap_or(usize::MAX);
+    if let Some(n) = l.max_manifests.and_then(|n| usize::try_from(n).ok()) {
+        limits.max_manifests = n;
     }
     Ok(live.runtime.with_limits(limits).limits())
 }
@@ -89,6 +94,67 @@ pub(super) async fn prepare(
                 "CheckFailed",
                 format!("host check failed: {}", failed.join("; ")),
             ))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn live() -> Live {
+        Live {
+            runtime: Runtime::new(Limits::default(), None).expect("a runtime"),
+            registries: oci::Options::default(),
+            store: None,
+        }
+    }
+
+    const DIGEST: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000000";
+
+    #[test]
+    fn a_plugin_names_its_image_by_digest_and_asks_for_limits_within_the_operators() {
+        let live = live();
+        let (reference, limits) = wanted(
+            &live,
+            &json!({
+                "image": format!("oci://registry.example/plugins/site@{DIGEST}"),
+                "limits": { "timeout": "500ms", "memory": "1Gi", "maxManifests": 10 },
+            }),
+        )
+        .unwrap();
+        assert_eq!(reference.digest.as_deref(), Some(DIGEST));
+        assert_eq!(limits.deadline, Duration::from_millis(500));
+        assert_eq!(limits.max_manifests, 10);
+        // More memory than the operator's own is lowered to it.
+        assert_eq!(limits.memory_bytes, Limits::default().memory_bytes);
+        let (_, defaults) = wanted(
+            &live,
+            &json!({ "image": format!("registry.example/p@{DIGEST}") }),
+        )
+        .unwrap();
+        assert_eq!(defaults, live.runtime.limits());
+    }
+
+    #[test]
+    fn a_tag_a_bad_limit_or_a_spec_without_an_image_is_refused_for_good() {
+        let live = live();
+        let refused = |spec: Value| wanted(&live, &spec).unwrap_err();
+        let tag = refused(json!({ "image": "registry.example/p:1.0" }));
+        assert_eq!(tag.reason, "TagNotAllowed");
+        let limit = refused(json!({
+            "image": format!("registry.example/p@{DIGEST}"),
+            "limits": { "timeout": "soon" },
+        }));
+        assert_eq!(limit.reason, "InvalidLimits");
+        assert!(
+            limit.message.contains("spec.limits.timeout"),
+            "{}",
+            limit.message
+        );
+        assert_eq!(refused(json!({})).reason, "InvalidSpec");
+        for r in [tag, limit] {
+            assert!(!r.transient, "{r:?}");
         }
     }
 }
