@@ -82,16 +82,35 @@ pub(super) async fn immutable_fix(shared: &Shared, namespace: &str, planned: &Pl
         return String::new();
     };
     let live = serde_json::to_value(&live).unwrap_or_default();
+    immutable_advice(
+        &planned.kind,
+        &planned.name,
+        namespace,
+        &planned.child,
+        &live,
+    )
+}
+
+/// What to say about the rendered object `rendered` of `kind` refused for an immutable field,
+/// given the `live` one: empty when no immutable field the render sets differs. Decided from the
+/// two objects alone.
+pub(super) fn immutable_advice(
+    kind: &str,
+    name: &str,
+    namespace: &str,
+    rendered: &Value,
+    live: &Value,
+) -> String {
     let at = |v: &Value, path: &str| {
         path.split('.')
             .try_fold(v, |v, key| v.get(key))
             .cloned()
             .unwrap_or(Value::Null)
     };
-    let differ: Vec<String> = immutable_fields(&planned.kind)
+    let differ: Vec<String> = immutable_fields(kind)
         .iter()
         .filter_map(|path| {
-            let (mine, theirs) = (at(&planned.child, path), at(&live, path));
+            let (mine, theirs) = (at(rendered, path), at(live, path));
             // Only what the render sets: the server fills in the rest.
             let comparable = |v: &Value| match v {
                 Value::Array(items) => Value::Array(
@@ -113,19 +132,19 @@ pub(super) async fn immutable_fix(shared: &Shared, namespace: &str, planned: &Pl
     if differ.is_empty() {
         return String::new();
     }
-    let (kind, name) = (planned.kind.to_lowercase(), &planned.name);
+    let shown = kind.to_lowercase();
     let selector_differs = differ.iter().any(|d| d.starts_with("spec.selector"));
     let claims_differ = differ
         .iter()
         .any(|d| d.starts_with("spec.volumeClaimTemplates"));
-    let how = match planned.kind.as_str() {
+    let how = match kind {
         "StatefulSet" if !selector_differs => format!(
-            "kubectl delete {kind} {name} -n {namespace} --cascade=orphan (its pods and claims stay; the operator makes it again, and the new one adopts the pods, which roll only if their template changed)"
+            "kubectl delete {shown} {name} -n {namespace} --cascade=orphan (its pods and claims stay; the operator makes it again, and the new one adopts the pods, which roll only if their template changed)"
         ),
         "StatefulSet" => format!(
-            "kubectl delete {kind} {name} -n {namespace} (its pods go, its PersistentVolumeClaims stay; the operator makes it again)"
+            "kubectl delete {shown} {name} -n {namespace} (its pods go, its PersistentVolumeClaims stay; the operator makes it again)"
         ),
-        _ => format!("kubectl delete {kind} {name} -n {namespace} (the operator makes it again)"),
+        _ => format!("kubectl delete {shown} {name} -n {namespace} (the operator makes it again)"),
     };
     // Pods of a claim template of another name mount new, empty claims: say so before anyone
     // runs the command.
@@ -279,6 +298,42 @@ pub(super) async fn apply(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_immutable_field_that_differs_is_named_with_how_to_let_the_operator_make_it_again() {
+        let live = json!({ "spec": {
+            "selector": { "matchLabels": { "app": "db" } },
+            "serviceName": "db",
+            "volumeClaimTemplates": [{ "metadata": { "name": "data" }, "status": { "phase": "Bound" } }],
+        } });
+        // Only the claim templates differ (by name; what the server fills in does not count).
+        let rendered = json!({ "spec": {
+            "selector": { "matchLabels": { "app": "db" } },
+            "serviceName": "db",
+            "volumeClaimTemplates": [{ "metadata": { "name": "storage" } }],
+        } });
+        let advice = immutable_advice("StatefulSet", "db", "ns", &rendered, &live);
+        assert!(
+            advice.contains("spec.volumeClaimTemplates (live"),
+            "{advice}"
+        );
+        assert!(!advice.contains("spec.serviceName"), "{advice}");
+        assert!(advice.contains("--cascade=orphan"), "{advice}");
+        assert!(advice.contains("new, empty claims"), "{advice}");
+        // A selector that differs: the pods cannot be adopted, so no orphaning.
+        let mut moved = rendered.clone();
+        moved["spec"]["selector"]["matchLabels"]["app"] = json!("other");
+        let advice = immutable_advice("StatefulSet", "db", "ns", &moved, &live);
+        assert!(advice.contains("spec.selector"), "{advice}");
+        assert!(!advice.contains("--cascade=orphan"), "{advice}");
+        // Nothing the render sets differs: nothing to say.
+        let same = json!({ "spec": { "serviceName": "db" } });
+        assert_eq!(
+            immutable_advice("StatefulSet", "db", "ns", &same, &live),
+            ""
+        );
+        assert_eq!(immutable_advice("ConfigMap", "db", "ns", &moved, &live), "");
+    }
 
     #[test]
     fn the_api_servers_answers_are_told_apart() {
