@@ -8,27 +8,30 @@
 //! edited by hand brings its owner back to reconcile. Status follows kstatus
 //! (`Ready`, `Reconciling`, `Stalled`, `observedGeneration`); nothing is written when nothing
 //! changed.
+//!
+//! The run loop is in `run`, what the controllers share in `shared`, the reflectors in
+//! `watches`, the child kinds the cluster serves in `discovery`, one controller per Kind in
+//! `controllers`, one reconciliation in `reconcile` (a folder, by phase), and `Plugin` resources
+//! loaded live in `plugins` (docs/architecture.md).
 
 pub mod budget;
 mod children;
+mod controllers;
+mod discovery;
 pub mod lease;
 mod live;
 pub mod metrics;
 pub mod plugins;
 mod reconcile;
 mod report;
-mod status;
-
-mod controllers;
-mod discovery;
 mod run;
 mod shared;
+mod status;
 mod watches;
 
 use controllers::*;
 use discovery::*;
 pub use run::run;
-
 use shared::*;
 use watches::*;
 
