@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use testenv::ControlPlane;
 
-use crate::judge::cluster;
-use crate::operator::{WEB, apply, condition, get, kubectl, kubectl_ok};
+use crate::support::cluster::{
+    WEB, apply, cluster, condition, get, http_get, install_crds, kubectl, kubectl_ok,
+};
 
 /// Resources of each kind in the flooding namespace, as in the report this test answers.
 const FLOOD: usize = 48;
@@ -140,7 +141,7 @@ async fn a_namespace_flooding_the_operator_neither_takes_it_down_nor_holds_up_an
     let home = cp.namespace(&admin, "flood-op").await.unwrap();
     let flood = cp.namespace(&admin, "flood").await.unwrap();
     let quiet = cp.namespace(&admin, "quiet").await.unwrap();
-    crate::reporting::install_crds(cp, test_guests::HOSTILE);
+    install_crds(cp, test_guests::HOSTILE);
 
     // The report's Service, 400 hosts by 400 path rules, is refused by the API server itself.
     let hosts = max_items(cp, "services.hanzo.ai", &["ingress", "hosts"]);
@@ -268,7 +269,7 @@ async fn a_namespace_flooding_the_operator_neither_takes_it_down_nor_holds_up_an
 
     let looper = get(cp, &flood, "hostiles.test.wasm-operator.dev/looper-0").unwrap();
     assert_eq!(condition(&looper, "Ready").1, "PluginTimeout");
-    let scraped = crate::operator::http_get(metrics, "/metrics");
+    let scraped = http_get(metrics, "/metrics");
     let metric = |name: &str| {
         scraped
             .lines()

@@ -11,8 +11,9 @@ use std::time::Duration;
 use serde_json::Value;
 use testenv::ControlPlane;
 
-use crate::judge::cluster;
-use crate::operator::{Operator, apply, condition, eventually, get, kubectl_ok, wait_ready};
+use crate::support::cluster::{
+    Operator, apply, cluster, condition, eventually, get, kubectl_ok, wait_ready,
+};
 
 /// The field manager controller-runtime's client writes under in the KV-Operator's image (its
 /// binary, `manager`, as Kubebuilder builds it).
@@ -197,7 +198,7 @@ async fn a_kvcluster_the_kv_operator_made_is_taken_over_as_it_is() {
     running(cp, &ns, "raft", 4).await;
 
     // The claim template's name is immutable and differs: said, with the fix.
-    let older = crate::operator::eventually(
+    let older = eventually(
         "the older KVCluster to say what blocks it",
         Duration::from_secs(30),
         || {

@@ -1,307 +1,16 @@
 //! `host run` on the real control plane: each test runs an operator of its own, in-process,
 //! watching a namespace of its own.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use testenv::ControlPlane;
 
-use crate::judge::cluster;
-
-/// An operator running in this test.
-pub(crate) struct Operator {
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<Result<(), host::operator::Error>>,
-    metrics: SocketAddr,
-}
-
-impl Operator {
-    pub(crate) async fn start(
-        cp: &ControlPlane,
-        namespace: &str,
-        group: &str,
-        extra: &[PathBuf],
-    ) -> Self {
-        let client = cp.client().await.unwrap();
-        Self::start_with(
-            client,
-            Some(namespace),
-            namespace,
-            &format!("test-{namespace}"),
-            group,
-            extra,
-        )
-        .await
-    }
-
-    async fn start_with(
-        client: kube::Client,
-        watch: Option<&str>,
-        lease_namespace: &str,
-        identity: &str,
-        group: &str,
-        extra: &[PathBuf],
-    ) -> Self {
-        let namespaces = watch.map(str::to_owned).into_iter().collect();
-        let settings = settings(namespaces, lease_namespace, identity);
-        Self::start_settings(client, group, extra, settings).await
-    }
-
-    /// An operator run with `settings` exactly.
-    pub(crate) async fn start_settings(
-        client: kube::Client,
-        group: &str,
-        extra: &[PathBuf],
-        settings: host::operator::Settings,
-    ) -> Self {
-        // The operator's logs, with RUST_LOG set (for example RUST_LOG=host=debug).
-        if std::env::var_os("RUST_LOG").is_some() {
-            let _ = tracing_subscriber::fmt()
-                .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-                .with_test_writer()
-                .try_init();
-        }
-        let runtime = host::plugin::Runtime::new(
-            host::plugin::Limits {
-                deadline: Duration::from_millis(500),
-                ..Default::default()
-            },
-            Some(crate::support::cache()),
-        )
-        .unwrap();
-        let ctx = host::types::Context {
-            api_group: group.to_owned(),
-            cluster_domain: "cluster.local".to_owned(),
-        };
-        let registry = host::registry::Registry::load(&runtime, ctx, true, extra).unwrap();
-        Self::run(client, registry, settings)
-    }
-
-    /// An operator serving `registry`, run with `settings` exactly.
-    pub(crate) fn run(
-        client: kube::Client,
-        registry: host::registry::Registry,
-        settings: host::operator::Settings,
-    ) -> Self {
-        let metrics = settings.metrics_addr;
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let task = tokio::spawn(host::operator::run(
-            client,
-            registry,
-            settings,
-            async move {
-                let _ = rx.await;
-            },
-        ));
-        Self {
-            stop: Some(tx),
-            task,
-            metrics,
-        }
-    }
-
-    /// The body of `path`, or nothing while the endpoint does not answer yet.
-    fn get(&self, path: &str) -> String {
-        http_get(self.metrics, path)
-    }
-
-    fn scrape(&self) -> String {
-        self.get("/metrics")
-    }
-
-    /// The value of the metric `name` (without labels), once it is exported.
-    pub(crate) fn metric(&self, name: &str) -> Option<f64> {
-        self.scrape()
-            .lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-    }
-
-    /// Whether its run has ended.
-    pub(crate) fn is_finished(&self) -> bool {
-        self.task.is_finished()
-    }
-
-    /// Whether `/readyz` answers 200.
-    fn ready(&self) -> bool {
-        self.get("/readyz").starts_with("HTTP/1.0 200")
-    }
-
-    fn writes(&self) -> f64 {
-        self.scrape()
-            .lines()
-            .filter(|l| l.starts_with("wasm_operator_api_writes_total{"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    }
-
-    /// Stops the operator and returns how its run ended.
-    async fn finish(mut self) -> Result<(), host::operator::Error> {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        match tokio::time::timeout(Duration::from_secs(30), self.task).await {
-            Ok(Ok(result)) => result,
-            other => panic!("the operator did not stop: {other:?}"),
-        }
-    }
-
-    pub(crate) async fn stop(mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        let result = tokio::time::timeout(Duration::from_secs(30), self.task).await;
-        assert!(
-            matches!(result, Ok(Ok(Ok(())))),
-            "the operator did not stop cleanly: {result:?}"
-        );
-    }
-}
-
-/// How the operators of these tests run: leader election on a Lease in `lease_namespace`,
-/// watching `namespaces` (none: all), metrics on a free port.
-pub(crate) fn settings(
-    namespaces: Vec<String>,
-    lease_namespace: &str,
-    identity: &str,
-) -> host::operator::Settings {
-    host::operator::Settings {
-        namespaces,
-        metrics_addr: free_addr(),
-        leader_election: true,
-        lease_namespace: lease_namespace.to_owned(),
-        lease_name: "wasm-operator".to_owned(),
-        identity: identity.to_owned(),
-        concurrency: 4,
-        max_writes_in_flight: 16,
-        render_memory: 2 * host::plugin::Limits::default().call_memory(),
-        render_wait: Duration::from_secs(3),
-        unready_after: Duration::from_secs(30),
-        stuck_after: Duration::from_secs(120),
-        plugin_resources: None,
-        rules: host::policy::Rules::default(),
-    }
-}
-
-/// A free port on loopback.
-fn free_addr() -> SocketAddr {
-    let port = testenv::free_port().unwrap();
-    format!("127.0.0.1:{port}").parse().unwrap()
-}
-
-/// The response to `GET path` (status line, headers, body), or nothing while nothing answers.
-pub(crate) fn http_get(addr: SocketAddr, path: &str) -> String {
-    let Ok(mut s) = TcpStream::connect(addr) else {
-        return String::new();
-    };
-    if s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
-        .is_err()
-    {
-        return String::new();
-    }
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out
-}
-
-pub(crate) fn kubectl(cp: &ControlPlane, args: &[&str]) -> (bool, String) {
-    let out = cp.kubectl(args);
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
-}
-
-/// Runs kubectl as admin and asserts that it succeeded; returns what it printed.
-pub(crate) fn kubectl_ok(cp: &ControlPlane, args: &[&str]) -> String {
-    let (ok, out) = kubectl(cp, args);
-    assert!(ok, "kubectl {args:?}: {out}");
-    out
-}
-
-pub(crate) fn apply(cp: &ControlPlane, ns: &str, yaml: &str) {
-    let file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(file.path(), yaml).unwrap();
-    let (ok, out) = kubectl(
-        cp,
-        &["apply", "-n", ns, "-f", &file.path().display().to_string()],
-    );
-    assert!(ok, "kubectl apply: {out}\n{yaml}");
-}
-
-/// `kubectl wait --for=condition=Ready`, which works because status follows kstatus.
-pub(crate) fn wait_ready(cp: &ControlPlane, ns: &str, what: &str) {
-    let (ok, out) = kubectl(
-        cp,
-        &[
-            "wait",
-            "-n",
-            ns,
-            "--for=condition=Ready",
-            what,
-            "--timeout=120s",
-        ],
-    );
-    assert!(
-        ok,
-        "kubectl wait {what}: {out}\n{}",
-        kubectl(cp, &["get", "-n", ns, what, "-o", "yaml"]).1
-    );
-}
-
-pub(crate) fn get(cp: &ControlPlane, ns: &str, what: &str) -> Option<Value> {
-    let out = cp.kubectl(&["get", "-n", ns, what, "-o", "json"]);
-    out.status
-        .success()
-        .then(|| serde_json::from_slice(&out.stdout).unwrap())
-}
-
-pub(crate) async fn eventually(what: &str, timeout: Duration, check: impl FnMut() -> bool) {
-    eventually_or(what, timeout, check, String::new).await;
-}
-
-/// As [`eventually`], with `explain()` appended to the failure message.
-async fn eventually_or(
-    what: &str,
-    timeout: Duration,
-    mut check: impl FnMut() -> bool,
-    explain: impl Fn() -> String,
-) {
-    let deadline = Instant::now() + timeout;
-    while !check() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}{}",
-            explain()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-pub(crate) fn condition(obj: &Value, type_: &str) -> (String, String, String) {
-    let c = obj["status"]["conditions"]
-        .as_array()
-        .and_then(|cs| cs.iter().find(|c| c["type"] == type_).cloned())
-        .unwrap_or_default();
-    let s = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
-    (s("status"), s("reason"), s("message"))
-}
-
-pub(crate) const WEB: &str = "apiVersion: hanzo.ai/v1
-kind: Service
-metadata:
-  name: web
-spec:
-  image: { repository: ghcr.io/hanzoai/web, tag: v1 }
-  replicas: 2
-  ports: [{ name: http, containerPort: 8080, servicePort: 80 }]
-  env: [{ name: LOG_LEVEL, value: info }]
-  ingress: { hosts: [web.example.com] }
-";
+use crate::support::cluster::{
+    Operator, WEB, apply, apply_cluster, cluster, condition, eventually, eventually_or, free_addr,
+    get, install_crds, kubectl, kubectl_ok, settings, wait_ready, wait_reason,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_service_lives_its_whole_life() {
@@ -433,7 +142,7 @@ async fn a_hostile_plugin_stalls_its_resources_and_nothing_else() {
     let client = cp.client().await.unwrap();
     let ns = cp.namespace(&client, "hostile").await.unwrap();
     // The hostile plugin's CRD, from its own description.
-    crate::reporting::install_crds(cp, test_guests::HOSTILE);
+    install_crds(cp, test_guests::HOSTILE);
 
     let op = Operator::start(cp, &ns, "hanzo.ai", &[PathBuf::from(test_guests::HOSTILE)]).await;
     let hostile = |name: &str, mode: &str| {
@@ -727,7 +436,7 @@ async fn runs_with_its_rbac_skips_missing_crds_and_survives_an_api_server_restar
     // An outage longer than the renew deadline (10 s, on a busy machine) makes the leader stop
     // writing and exit, as it must; the kubelet would start it again, and so does the test.
     tokio::time::sleep(Duration::from_secs(12)).await;
-    if op.task.is_finished() {
+    if op.is_finished() {
         let ended = op.finish().await;
         assert!(
             matches!(&ended, Err(host::operator::Error::Lease(_))),
@@ -905,7 +614,7 @@ async fn kinds_it_may_not_list_do_not_hold_up_its_stop() {
         "--watch-namespace",
         &ns,
     ]);
-    crate::plugins::apply_cluster(cp, &rbac);
+    apply_cluster(cp, &rbac);
     let client = cp.service_account_client(&admin, &ns, &ns).await.unwrap();
     // It serves every built-in plugin's Kinds.
     let op = Operator::start_settings(
@@ -937,28 +646,6 @@ async fn kinds_it_may_not_list_do_not_hold_up_its_stop() {
     let stopping = Instant::now();
     op.finish().await.unwrap();
     println!("stopped in {:?}", stopping.elapsed());
-}
-
-/// The `Ready` condition's reason and message of `what`, once its reason is `reason`.
-pub(crate) async fn wait_reason(cp: &ControlPlane, ns: &str, what: &str, reason: &str) -> Value {
-    let mut last = None;
-    eventually_or(
-        &format!("{what} to say {reason}"),
-        Duration::from_secs(30),
-        || {
-            last = get(cp, ns, what);
-            last.as_ref()
-                .is_some_and(|o| condition(o, "Ready").1 == reason)
-        },
-        || {
-            format!(
-                ": {}",
-                kubectl(cp, &["get", "-n", ns, what, "-o", "yaml"]).1
-            )
-        },
-    )
-    .await;
-    get(cp, ns, what).unwrap()
 }
 
 fn owner_uids(obj: &Value) -> Vec<String> {

@@ -8,7 +8,10 @@ use std::time::Duration;
 use serde_json::Value;
 use testenv::{ControlPlane, Registry, RegistryOptions};
 
-use crate::operator::{Operator, apply, eventually, get, kubectl, kubectl_ok, wait_ready};
+use crate::support::cluster::{
+    Operator, apply, apply_cluster, eventually, get, kubectl, kubectl_ok, settings, wait_for,
+    wait_ready,
+};
 
 /// Two replicas: the standby pulls, compiles and checks every Plugin while it waits for the
 /// Lease, so when the leader goes it serves them at once, with the registry down and nothing
@@ -133,19 +136,6 @@ fn ready(status: &Value) -> (String, String, String) {
     (s("status"), s("reason"), s("message"))
 }
 
-/// `kubectl wait --for=condition=CONDITION WHAT` (cluster-scoped objects).
-pub(crate) fn wait_for(cp: &ControlPlane, condition: &str, what: &str) {
-    kubectl_ok(
-        cp,
-        &[
-            "wait",
-            &format!("--for=condition={condition}"),
-            what,
-            "--timeout=120s",
-        ],
-    );
-}
-
 /// The Plugin CRD, as `host crds` prints it, installed and Established.
 fn install_plugin_crd(cp: &ControlPlane) {
     apply_cluster(
@@ -153,12 +143,6 @@ fn install_plugin_crd(cp: &ControlPlane) {
         &serde_json::to_string(&host::operator::plugins::crd()).unwrap(),
     );
     wait_for(cp, "Established", "crd/plugins.wasm-operator.dev");
-}
-
-pub(crate) fn apply_cluster(cp: &ControlPlane, yaml: &str) {
-    let file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(file.path(), yaml).unwrap();
-    kubectl_ok(cp, &["apply", "-f", &file.path().display().to_string()]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -404,7 +388,7 @@ fn settings_for(
             },
             store: Some(host::oci::Store::new(store)),
         }),
-        ..crate::operator::settings(Vec::new(), "default", "live")
+        ..settings(Vec::new(), "default", "live")
     }
 }
 
