@@ -9,7 +9,8 @@ use testenv::ControlPlane;
 
 use crate::support::cluster::{
     Operator, WEB, apply, apply_cluster, cluster, condition, eventually, eventually_or, free_addr,
-    get, install_crds, kubectl, kubectl_ok, settings, wait_ready, wait_reason,
+    get, install_crds, kubectl, kubectl_ok, settings, wait_collected, wait_observed, wait_ready,
+    wait_reason,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -106,11 +107,51 @@ async fn a_service_lives_its_whole_life() {
     )
     .await;
 
-    // Steady state: no writes at all.
+    // Steady state: no writes at all. Once the Deployment has rolled back, web's status says
+    // so and the operator is quiet, a change that alters nothing the operator makes (an
+    // annotation of web, which its plugin does not read) is reconciled, and nothing is
+    // written.
     wait_ready(cp, &ns, "services.hanzo.ai/web");
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    eventually(
+        "the Deployment rolled back to 3 replicas, and web's status to say so",
+        Duration::from_secs(60),
+        || {
+            let (Some(d), Some(w)) = (
+                get(cp, &ns, "deployment/web"),
+                get(cp, &ns, "services.hanzo.ai/web"),
+            ) else {
+                return false;
+            };
+            let applied = w["status"]["children"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["kind"] == "Deployment")
+                .map(|c| c["applied"]["generation"].clone());
+            d["status"]["observedGeneration"] == d["metadata"]["generation"]
+                && d["status"]["replicas"] == 3
+                && d["status"]["readyReplicas"] == 3
+                && applied.as_ref() == Some(&d["metadata"]["generation"])
+                && condition(&w, "Ready").0 == "True"
+        },
+    )
+    .await;
+    op.quiet().await;
     let before = op.writes();
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    op.reconciles("services.hanzo.ai", || {
+        kubectl_ok(
+            cp,
+            &[
+                "annotate",
+                "-n",
+                &ns,
+                "services.hanzo.ai/web",
+                "example.com/looked-at=yes",
+            ],
+        );
+    })
+    .await;
+    op.quiet().await;
     assert_eq!(op.writes(), before, "writes during a quiet period");
     let metrics = op.scrape();
     for name in [
@@ -190,7 +231,10 @@ async fn a_hostile_plugin_stalls_its_resources_and_nothing_else() {
     apply(cp, &ns, &hostile("scaler", "hpa-v2"));
     wait_ready(cp, &ns, "hostiles.test.wasm-operator.dev/scaler");
     let first = get(cp, &ns, "hpa/scaler").expect("the HPA exists");
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // Reconciled again, at a new generation whose render is the same (a field the plugin does
+    // not read).
+    apply(cp, &ns, &hostile("scaler", "hpa-v2, secretName: unused"));
+    wait_observed(cp, &ns, "hostiles.test.wasm-operator.dev/scaler").await;
     let later = get(cp, &ns, "hpa/scaler").expect("the HPA was pruned");
     assert_eq!(
         first["metadata"]["uid"], later["metadata"]["uid"],
@@ -435,7 +479,18 @@ async fn runs_with_its_rbac_skips_missing_crds_and_survives_an_api_server_restar
     tokio::task::block_in_place(|| cp.restart_apiserver(Duration::from_secs(3))).unwrap();
     // An outage longer than the renew deadline (10 s, on a busy machine) makes the leader stop
     // writing and exit, as it must; the kubelet would start it again, and so does the test.
-    tokio::time::sleep(Duration::from_secs(12)).await;
+    // Either it has ended, or it has renewed its Lease since the API server came back.
+    let back = k8s_openapi::jiff::Timestamp::now();
+    eventually(
+        "the operator to renew its Lease after the restart, or to end",
+        Duration::from_secs(60),
+        || {
+            op.is_finished()
+                || renewed(&cp, "wasm-operator")
+                    .is_some_and(|(holder, at)| holder == "replica-a" && at > back)
+        },
+    )
+    .await;
     if op.is_finished() {
         let ended = op.finish().await;
         assert!(
@@ -501,7 +556,14 @@ async fn two_replicas_share_one_lease() {
         get(cp, &ns, "lease/wasm-operator")
             .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_owned))
     };
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The standby is up and the leader has renewed the Lease since it started.
+    let standing_by = k8s_openapi::jiff::Timestamp::now();
+    eventually(
+        "replica-a to renew the Lease while replica-b stands by",
+        Duration::from_secs(30),
+        || !b.scrape().is_empty() && renewed(cp, &ns).is_some_and(|(_, at)| at > standing_by),
+    )
+    .await;
     assert_eq!(holder().as_deref(), Some("replica-a"));
     assert_eq!(b.writes(), 0.0, "the standby replica wrote");
     assert!(a.ready(), "the leader has listed everything: ready");
@@ -745,7 +807,8 @@ async fn an_object_made_by_hand_is_taken_only_with_its_own_consent_or_in_a_migra
         || get(cp, &ns, "deployment/web").is_none(),
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The garbage collector is done with web: nothing names it as owner any more.
+    wait_collected(cp, &ns, web["metadata"]["uid"].as_str().unwrap()).await;
     assert!(
         get(cp, &ns, "service/web").is_some(),
         "the hand-made Service was deleted with the resource that never owned it"
@@ -806,7 +869,8 @@ async fn two_resources_wanting_one_child_the_first_keeps_it() {
         &WEB.replace("name: web", "name: db")
             .replace("replicas: 2", "replicas: 3"),
     );
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The first has been reconciled at its new generation.
+    wait_observed(cp, &ns, "services.hanzo.ai/db").await;
     let after = get(cp, &ns, "service/db").unwrap();
     assert_eq!(owner_uids(&after), vec![first_uid]);
     assert_eq!(
@@ -1020,8 +1084,24 @@ async fn a_restart_with_nothing_changed_writes_nothing() {
     );
     wait_ready(cp, &ns, "services.hanzo.ai/web");
     wait_ready(cp, &ns, "sqls.hanzo.ai/db");
-    // Let the last statuses and events be written, then stop.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Let the last statuses and events be written, then stop: each status says every child is
+    // ready, and the operator is quiet.
+    for what in ["services.hanzo.ai/web", "sqls.hanzo.ai/db"] {
+        eventually(
+            &format!("{what}'s status to say every child is ready"),
+            Duration::from_secs(60),
+            || {
+                get(cp, &ns, what).is_some_and(|o| {
+                    let children = o["status"]["children"].as_array().cloned();
+                    o["status"]["observedGeneration"] == o["metadata"]["generation"]
+                        && children
+                            .is_some_and(|c| !c.is_empty() && c.iter().all(|c| c["ready"] == true))
+                })
+            },
+        )
+        .await;
+    }
+    first.quiet().await;
     first.stop().await;
 
     // A new operator finds every child as it left it: what it applied is in each status.
@@ -1032,7 +1112,18 @@ async fn a_restart_with_nothing_changed_writes_nothing() {
         || second.ready(),
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // Each resource has been reconciled, and what those reconciliations had to report would
+    // have been written by the time the operator is quiet.
+    eventually(
+        "the new operator to reconcile both resources",
+        Duration::from_secs(30),
+        || {
+            second.reconciled("services.hanzo.ai") >= 1.0
+                && second.reconciled("sqls.hanzo.ai") >= 1.0
+        },
+    )
+    .await;
+    second.quiet().await;
     let writes: Vec<String> = second
         .scrape()
         .lines()
@@ -1046,6 +1137,14 @@ async fn a_restart_with_nothing_changed_writes_nothing() {
         .any(|l| l.starts_with("controller_runtime_reconcile_total{") && !l.ends_with(" 0"));
     assert!(reconciled, "the new operator reconciled nothing");
     second.stop().await;
+}
+
+/// The holder of the Lease `wasm-operator` in `ns` and when it last renewed it.
+fn renewed(cp: &ControlPlane, ns: &str) -> Option<(String, k8s_openapi::jiff::Timestamp)> {
+    let lease = get(cp, ns, "lease/wasm-operator")?;
+    let holder = lease["spec"]["holderIdentity"].as_str()?.to_owned();
+    let at = lease["spec"]["renewTime"].as_str()?.parse().ok()?;
+    Some((holder, at))
 }
 
 /// When the API server received a request, from its audit event.
@@ -1142,7 +1241,14 @@ async fn leader_partitioned(fault: Fault) {
         get(&cp, "wasm-operator", "lease/wasm-operator")
             .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_owned))
     };
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The leader has renewed the Lease since the standby started.
+    let standing_by = k8s_openapi::jiff::Timestamp::now();
+    eventually(
+        "replica-a to renew the Lease while replica-b stands by",
+        Duration::from_secs(30),
+        || renewed(&cp, "wasm-operator").is_some_and(|(_, at)| at > standing_by),
+    )
+    .await;
     assert_eq!(holder().as_deref(), Some("replica-a"));
 
     // Cut A off. The resource changes meanwhile: there is work for whoever leads.
@@ -1184,9 +1290,9 @@ async fn leader_partitioned(fault: Fault) {
         || get(&cp, &ns, "deployment/web").is_some_and(|d| d["spec"]["replicas"] == 4),
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(5)).await;
     // A steps down by itself: its last reconciliations and reports end first (each request
-    // bounded in time), which on a loaded machine can take a while.
+    // bounded in time), which on a loaded machine can take a while. Once it has ended, whatever
+    // it sent after the network came back is in the audit log.
     let stepping_down = Instant::now();
     eventually(
         "replica-a to step down by itself",

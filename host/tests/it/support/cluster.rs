@@ -118,6 +118,10 @@ spec:
 
 // --- the operator ----------------------------------------------------------------------------
 
+/// The counter of reconciliations ended, labelled by controller (`<plural>.<group>`) and result.
+const RECONCILED: &str = "controller_runtime_reconcile_total";
+/// The gauge of reconciliations running, labelled by controller.
+const RUNNING: &str = "controller_runtime_active_workers";
 /// The counter of the operator's write requests, labelled by verb and resource.
 const WRITES: &str = "wasm_operator_api_writes_total";
 
@@ -247,6 +251,63 @@ impl Operator {
     /// Every write request it has sent.
     pub(crate) fn writes(&self) -> f64 {
         sum(&self.scrape(), WRITES, None)
+    }
+
+    /// The reconciliations of `controller` (`<plural>.<group>`) ended so far, whatever their
+    /// result.
+    pub(crate) fn reconciled(&self, controller: &str) -> f64 {
+        sum(&self.scrape(), RECONCILED, Some(("controller", controller)))
+    }
+
+    /// The reconciliations running now, of every controller.
+    pub(crate) fn running(&self) -> f64 {
+        sum(&self.scrape(), RUNNING, None)
+    }
+
+    /// Makes `change`, then waits until a reconciliation of `controller` has ended since: the
+    /// sign that the operator has seen the change. The count is read once no reconciliation
+    /// runs, so that one begun before the change does not pass for it.
+    pub(crate) async fn reconciles(&self, controller: &str, change: impl FnOnce()) {
+        eventually(
+            "no reconciliation to be running",
+            Duration::from_secs(60),
+            || self.running() == 0.0,
+        )
+        .await;
+        let before = self.reconciled(controller);
+        change();
+        eventually(
+            &format!("a reconciliation of {controller} after the change"),
+            Duration::from_secs(60),
+            || self.reconciled(controller) > before,
+        )
+        .await;
+    }
+
+    /// Waits until the operator is quiet: no reconciliation running, and neither its
+    /// reconciliations nor its writes counted again for a second.
+    pub(crate) async fn quiet(&self) {
+        let last = std::cell::Cell::new(None);
+        let mut since = Instant::now();
+        eventually_or(
+            "the operator to be quiet for a second",
+            Duration::from_secs(60),
+            || {
+                let scraped = self.scrape();
+                let now = (
+                    sum(&scraped, RECONCILED, None),
+                    sum(&scraped, WRITES, None),
+                    sum(&scraped, RUNNING, None),
+                );
+                if last.get() != Some(now) || now.2 != 0.0 {
+                    last.set(Some(now));
+                    since = Instant::now();
+                }
+                since.elapsed() >= Duration::from_secs(1)
+            },
+            || format!(" (reconciliations, writes, running): {:?}", last.get()),
+        )
+        .await;
     }
 
     /// Stops the operator and returns how its run ended.
@@ -440,6 +501,64 @@ pub(crate) async fn wait_reason(cp: &ControlPlane, ns: &str, what: &str, reason:
     )
     .await;
     get(cp, ns, what).unwrap()
+}
+
+/// `what`, once its operator has reported on its current generation: `status.observedGeneration`
+/// has reached `metadata.generation`.
+pub(crate) async fn wait_observed(cp: &ControlPlane, ns: &str, what: &str) -> Value {
+    eventually_or(
+        &format!("{what} to be reported on at its generation"),
+        Duration::from_secs(60),
+        || {
+            get(cp, ns, what)
+                .is_some_and(|o| o["status"]["observedGeneration"] == o["metadata"]["generation"])
+        },
+        || {
+            format!(
+                ": {}",
+                kubectl(cp, &["get", "-n", ns, what, "-o", "yaml"]).1
+            )
+        },
+    )
+    .await;
+    get(cp, ns, what).unwrap()
+}
+
+/// Waits until nothing in `ns` names the object of uid `owner` among its owners: the garbage
+/// collector is done with what it owned.
+pub(crate) async fn wait_collected(cp: &ControlPlane, ns: &str, owner: &str) {
+    let owned = || {
+        let list = kubectl_ok(
+            cp,
+            &[
+                "get",
+                "-n",
+                ns,
+                "all,ingress,networkpolicy,configmap,serviceaccount,poddisruptionbudget",
+                "-o",
+                "json",
+            ],
+        );
+        let list: Value = serde_json::from_str(&list).unwrap();
+        list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|o| {
+                o["metadata"]["ownerReferences"]
+                    .as_array()
+                    .is_some_and(|refs| refs.iter().any(|r| r["uid"] == owner))
+            })
+            .map(|o| format!("{}/{}", o["kind"], o["metadata"]["name"]))
+            .collect::<Vec<_>>()
+    };
+    eventually_or(
+        &format!("what {owner} owned to be collected"),
+        Duration::from_secs(60),
+        || owned().is_empty(),
+        || format!(": {:?}", owned()),
+    )
+    .await;
 }
 
 // --- waiting -----------------------------------------------------------------------------------
