@@ -136,6 +136,18 @@ fn ready(status: &Value) -> (String, String, String) {
     (s("status"), s("reason"), s("message"))
 }
 
+/// Applies the Plugin `name` of the image `broken` (which is not a component), and waits until
+/// the operator has refused it: it has handled every Plugin event before this one too.
+async fn barrier(cp: &ControlPlane, name: &str, broken: &str) {
+    apply_cluster(cp, &plugin(name, broken));
+    eventually(
+        &format!("the Plugin {name} to be refused"),
+        Duration::from_secs(60),
+        || ready(&plugin_status(cp, name)).1 == "CheckFailed",
+    )
+    .await;
+}
+
 /// The Plugin CRD, as `host crds` prints it, installed and Established.
 fn install_plugin_crd(cp: &ControlPlane) {
     apply_cluster(
@@ -285,12 +297,15 @@ async fn a_plugin_resource_is_served_upgraded_kept_on_a_bad_version_and_dropped_
         "{message}"
     );
     assert_eq!(status["digest"], v2.rsplit_once('@').unwrap().1, "{status}");
-    apply(
-        &cp,
-        &ns,
-        &hostile.replace("name: h}", "name: h, labels: {touched: \"yes\"}}"),
-    );
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    operator
+        .reconciles("hostiles.test.wasm-operator.dev", || {
+            apply(
+                &cp,
+                &ns,
+                &hostile.replace("name: h}", "name: h, labels: {touched: \"yes\"}}"),
+            );
+        })
+        .await;
     assert_eq!(
         data(&cp).unwrap()["version"],
         "next",
@@ -324,9 +339,12 @@ async fn a_plugin_resource_is_served_upgraded_kept_on_a_bad_version_and_dropped_
             "--wait=true",
         ],
     );
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The operator handles the Plugins' events in order: once it has handled a Plugin applied
+    // after the delete, it has stopped the deleted one's controllers; once it has handled one
+    // applied after the change, it has had the time to see the change.
+    barrier(&cp, "after-delete", &broken).await;
     apply(&cp, &ns, &hostile.replace("mode: ok", "mode: error"));
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    barrier(&cp, "after-change", &broken).await;
     let h = get(&cp, &ns, "hostiles.test.wasm-operator.dev/h").expect("the resource stays");
     assert_ne!(
         h["status"]["observedGeneration"], h["metadata"]["generation"],
@@ -334,6 +352,9 @@ async fn a_plugin_resource_is_served_upgraded_kept_on_a_bad_version_and_dropped_
     );
     assert!(kubectl(&cp, &["get", "crd", "hostiles.test.wasm-operator.dev"]).0);
     assert_eq!(data(&cp).unwrap()["version"], "next");
+    for name in ["after-delete", "after-change"] {
+        kubectl_ok(&cp, &["delete", "plugins.wasm-operator.dev", name]);
+    }
 
     operator.stop().await;
 
