@@ -9,7 +9,7 @@ use testenv::ControlPlane;
 
 use crate::support::cluster::{
     Operator, apply, cluster, condition, eventually, get, kubectl, kubectl_ok, settings,
-    wait_ready, wait_reason,
+    wait_collected, wait_ready, wait_reason,
 };
 
 /// A ServiceAccount `tenant` in `ns` that may do anything with `services.hanzo.ai` there, and
@@ -269,7 +269,8 @@ spec:
         || get(cp, &ns, "deployment/default-deny").is_none(),
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The garbage collector is done with the tenant's Service: nothing names it as owner.
+    wait_collected(cp, &ns, taker["metadata"]["uid"].as_str().unwrap()).await;
     let policy = get(cp, &ns, "networkpolicy/default-deny").expect("the platform's policy");
     assert_eq!(policy["metadata"]["labels"]["made-by"], "platform");
     op.stop().await;
