@@ -90,7 +90,17 @@ pub(crate) fn install_crds(cp: &ControlPlane, wasm: &str) {
         let crd = host::crd::crd(&plugin, kind).unwrap();
         let file = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(file.path(), crd.to_string()).unwrap();
-        kubectl_ok(cp, &["apply", "-f", &file.path().display().to_string()]);
+        // Other tests install the same CRDs on the shared control plane, maybe at this moment:
+        // a create that lost that race is applied again, as an update.
+        let path = file.path().display().to_string();
+        let (mut ok, mut out) = kubectl(cp, &["apply", "-f", &path]);
+        for _ in 0..3 {
+            if ok || !out.contains("AlreadyExists") {
+                break;
+            }
+            (ok, out) = kubectl(cp, &["apply", "-f", &path]);
+        }
+        assert!(ok, "kubectl apply -f {path}: {out}");
         kubectl_ok(
             cp,
             &[
