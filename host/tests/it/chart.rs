@@ -10,7 +10,7 @@ use std::process::{Command, Output, Stdio};
 use serde_json::Value;
 use testenv::ControlPlane;
 
-use crate::operator::{WEB, apply, get, kubectl, kubectl_ok};
+use crate::support::cluster::{WEB, apply, get, kubectl, kubectl_ok};
 use crate::support::root;
 
 const CHART: &str = "charts/wasm-operator";

@@ -6,8 +6,7 @@ use std::process::{Command, Stdio};
 
 use serde_json::Value;
 
-use crate::judge::cluster;
-use crate::operator::{Operator, apply, get, wait_ready};
+use crate::support::cluster::{Operator, apply, cluster, get, install_crds, wait_ready};
 
 /// `host diff ARGS` against the control plane: its exit code, stdout and stderr.
 fn host_diff(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
@@ -73,7 +72,7 @@ async fn diff_previews_changes_prunes_creations_and_a_plugin_upgrade() {
         std::fs::write(f.path(), text).unwrap();
         f
     };
-    crate::reporting::install_crds(cp, test_guests::HOSTILE);
+    install_crds(cp, test_guests::HOSTILE);
     let op = Operator::start(cp, &ns, "hanzo.ai", &[PathBuf::from(test_guests::HOSTILE)]).await;
     apply(cp, &ns, &service);
     wait_ready(cp, &ns, "services.hanzo.ai/web");

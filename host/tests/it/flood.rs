@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use testenv::ControlPlane;
 
-use crate::judge::cluster;
-use crate::operator::{WEB, apply, condition, get, kubectl, kubectl_ok};
+use crate::support::cluster::{
+    WEB, apply, cluster, condition, get, http_get, install_crds, kubectl, kubectl_ok, poll, sum,
+};
 
 /// Resources of each kind in the flooding namespace, as in the report this test answers.
 const FLOOD: usize = 48;
@@ -140,7 +141,7 @@ async fn a_namespace_flooding_the_operator_neither_takes_it_down_nor_holds_up_an
     let home = cp.namespace(&admin, "flood-op").await.unwrap();
     let flood = cp.namespace(&admin, "flood").await.unwrap();
     let quiet = cp.namespace(&admin, "quiet").await.unwrap();
-    crate::reporting::install_crds(cp, test_guests::HOSTILE);
+    install_crds(cp, test_guests::HOSTILE);
 
     // The report's Service, 400 hosts by 400 path rules, is refused by the API server itself.
     let hosts = max_items(cp, "services.hanzo.ai", &["ingress", "hosts"]);
@@ -217,43 +218,68 @@ async fn a_namespace_flooding_the_operator_neither_takes_it_down_nor_holds_up_an
         );
     };
 
-    // A plain Service of another namespace, once the operator has started on the flood.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // A plain Service of another namespace, once the operator has started on the flood: its
+    // first reconciliations of the flood have begun.
+    poll(
+        "the operator to begin on the flood",
+        Duration::from_secs(60),
+        Duration::from_millis(250),
+        async || {
+            alive(&mut operator);
+            let scraped = http_get(metrics, "/metrics");
+            sum(&scraped, "controller_runtime_active_workers", None)
+                + sum(&scraped, "controller_runtime_reconcile_total", None)
+                > 0.0
+        },
+        || std::fs::read_to_string(log.path()).unwrap_or_default(),
+    )
+    .await;
     apply(cp, &quiet, WEB);
     let applied = Instant::now();
-    let quiet_took = loop {
-        alive(&mut operator);
-        let ready = get(cp, &quiet, "services.hanzo.ai/web")
-            .is_some_and(|o| condition(&o, "Ready").0 == "True");
-        if ready {
-            break applied.elapsed();
-        }
-        assert!(
-            applied.elapsed() < Duration::from_secs(60),
-            "the quiet namespace's Service was not Ready within 60 s: {:?}\n{}",
-            get(cp, &quiet, "services.hanzo.ai/web"),
-            std::fs::read_to_string(log.path()).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    };
+    poll(
+        "the quiet namespace's Service to be Ready",
+        Duration::from_secs(60),
+        Duration::from_millis(250),
+        async || {
+            alive(&mut operator);
+            get(cp, &quiet, "services.hanzo.ai/web")
+                .is_some_and(|o| condition(&o, "Ready").0 == "True")
+        },
+        || {
+            format!(
+                ": {:?}\n{}",
+                get(cp, &quiet, "services.hanzo.ai/web"),
+                std::fs::read_to_string(log.path()).unwrap_or_default()
+            )
+        },
+    )
+    .await;
+    let quiet_took = applied.elapsed();
 
     // Every resource of the flood is rendered and reported on, the operator alive throughout.
     let started = Instant::now();
     let hostiles = "hostiles.test.wasm-operator.dev";
     let all = (FLOOD, FLOOD, LOOPERS);
-    let mut counts = (0, 0, 0);
-    while counts != all && started.elapsed() < Duration::from_secs(300) {
-        alive(&mut operator);
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        counts = (
-            reported(cp, &flood, "services.hanzo.ai", "wide-"),
-            reported(cp, &flood, hostiles, "hoarder-"),
-            reported(cp, &flood, hostiles, "looper-"),
-        );
-    }
+    let counts = std::cell::Cell::new((0, 0, 0));
+    poll(
+        "every resource of the flood to be reported on",
+        Duration::from_secs(300),
+        Duration::from_secs(1),
+        async || {
+            alive(&mut operator);
+            counts.set((
+                reported(cp, &flood, "services.hanzo.ai", "wide-"),
+                reported(cp, &flood, hostiles, "hoarder-"),
+                reported(cp, &flood, hostiles, "looper-"),
+            ));
+            counts.get() == all
+        },
+        || format!(": {:?} of {all:?}", counts.get()),
+    )
+    .await;
     alive(&mut operator);
     let flood_took = started.elapsed() + quiet_took;
-    assert_eq!(counts, all, "not all reported in 300 s");
+    assert_eq!(counts.get(), all, "not all reported in 300 s");
     let hoarder = get(cp, &flood, "hostiles.test.wasm-operator.dev/hoarder-0").unwrap();
     let (_, reason, message) = condition(&hoarder, "Ready");
     assert_eq!(reason, "PluginMemoryExceeded", "{message}");
@@ -268,7 +294,7 @@ async fn a_namespace_flooding_the_operator_neither_takes_it_down_nor_holds_up_an
 
     let looper = get(cp, &flood, "hostiles.test.wasm-operator.dev/looper-0").unwrap();
     assert_eq!(condition(&looper, "Ready").1, "PluginTimeout");
-    let scraped = crate::operator::http_get(metrics, "/metrics");
+    let scraped = http_get(metrics, "/metrics");
     let metric = |name: &str| {
         scraped
             .lines()

@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use testenv::ControlPlane;
 
-use crate::operator::{WEB, apply, eventually, http_get, kubectl_ok, wait_ready};
+use crate::support::cluster::{
+    WEB, apply, apply_cluster, eventually, http_get, kubectl_ok, wait_for, wait_ready,
+};
 
 /// The image under test: what `scripts/image` printed (scripts/test sets this).
 fn image() -> String {
@@ -316,8 +318,8 @@ async fn the_image_runs_as_the_in_cluster_operator() {
     let registry = testenv::Registry::start(Default::default()).unwrap();
     let wasm = std::fs::read(&plugin_wasm).unwrap();
     let image_ref = crate::plugins::push(&registry, "plugins/static-site", &wasm).await;
-    crate::plugins::apply_cluster(&cp, &crate::plugins::plugin("static-site", &image_ref));
-    crate::plugins::wait_for(&cp, "Ready", "plugins.wasm-operator.dev/static-site");
+    apply_cluster(&cp, &crate::plugins::plugin("static-site", &image_ref));
+    wait_for(&cp, "Ready", "plugins.wasm-operator.dev/static-site");
     let site = std::fs::read_to_string(
         crate::support::root().join("examples/plugins/static-site/site.yaml"),
     )

@@ -4,92 +4,15 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Once;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
 use kube::discovery::{ApiResource, pinned_kind};
 use serde_json::Value;
-use testenv::ControlPlane;
 
+use crate::support::cluster::{GROUPS, cluster, eventually_async, kubectl_ok, registry_for};
 use crate::support::{resources, root};
-
-/// Every API group the tests install CRDs for.
-pub const GROUPS: [&str; 2] = ["hanzo.ai", "lux.cloud"];
-
-fn kubectl_ok(cp: &ControlPlane, args: &[&str]) -> String {
-    let out = cp.kubectl(args);
-    assert!(
-        out.status.success(),
-        "kubectl {}: {}{}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// The shared control plane with our CRDs (both groups) and the third-party ones installed.
-pub fn cluster() -> &'static ControlPlane {
-    static CRDS: Once = Once::new();
-    let cp = ControlPlane::shared();
-    CRDS.call_once(|| {
-        let dir = tempfile::tempdir().unwrap();
-        kubectl_ok(
-            cp,
-            &["apply", "-f", &root().join("crds").display().to_string()],
-        );
-        kubectl_ok(
-            cp,
-            &[
-                "apply",
-                "-f",
-                &root().join("tests/crds").display().to_string(),
-            ],
-        );
-        for group in GROUPS.iter().filter(|g| **g != "hanzo.ai") {
-            let registry = registry_for(group);
-            for (name, text) in host::crd::files(&host::crd::crds(&registry).unwrap()).unwrap() {
-                std::fs::write(dir.path().join(name), text).unwrap();
-            }
-            let kms =
-                std::fs::read_to_string(root().join("tests/crds/kmssecrets.kms.hanzo.ai.yaml"))
-                    .unwrap();
-            std::fs::write(
-                dir.path().join(format!("kmssecrets.kms.{group}.yaml")),
-                kms.replace("kms.hanzo.ai", &format!("kms.{group}")),
-            )
-            .unwrap();
-        }
-        kubectl_ok(cp, &["apply", "-f", &dir.path().display().to_string()]);
-        kubectl_ok(
-            cp,
-            &[
-                "wait",
-                "--for=condition=Established",
-                "crd",
-                "--all",
-                "--timeout=60s",
-            ],
-        );
-    });
-    cp
-}
-
-/// The built-in plugins serving `group`.
-pub fn registry_for(group: &str) -> host::registry::Registry {
-    let runtime = host::plugin::Runtime::new(
-        host::plugin::Limits::default(),
-        Some(crate::support::cache()),
-    )
-    .unwrap();
-    let ctx = host::types::Context {
-        api_group: group.to_owned(),
-        cluster_domain: "cluster.local".to_owned(),
-    };
-    host::registry::Registry::load(&runtime, ctx, true, &[]).unwrap()
-}
 
 /// Creates a namespace unless it exists.
 pub async fn ensure_namespace(client: &kube::Client, name: &str) {
@@ -241,17 +164,6 @@ async fn every_rendered_manifest_passes_strict_server_side_dry_run_losing_nothin
     assert!(checked > 60, "only {checked} manifests checked");
 }
 
-async fn wait_for(what: &str, timeout: Duration, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !check().await {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 #[tokio::test]
 async fn kwok_makes_pods_ready_and_the_garbage_collector_removes_them() {
     use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
@@ -316,7 +228,7 @@ async fn kwok_makes_pods_ready_and_the_garbage_collector_removes_them() {
         .create(&PostParams::default(), &sts)
         .await
         .unwrap();
-    wait_for(
+    eventually_async(
         "the StatefulSet's pods to be ready",
         Duration::from_secs(90),
         async || {
@@ -328,7 +240,7 @@ async fn kwok_makes_pods_ready_and_the_garbage_collector_removes_them() {
 
     // Deleting the owner garbage-collects the ReplicaSet and its pods.
     kubectl_ok(cp, &["delete", "-n", &ns, "deployment/web", "--wait=false"]);
-    wait_for(
+    eventually_async(
         "the garbage collector to remove the Deployment's pods",
         Duration::from_secs(60),
         async || {
@@ -388,7 +300,7 @@ async fn service_account_clients_are_bound_by_rbac() {
             &format!("--serviceaccount={ns}:reader"),
         ],
     );
-    wait_for(
+    eventually_async(
         "the RoleBinding to take effect",
         Duration::from_secs(10),
         async || cms.list(&Default::default()).await.is_ok(),

@@ -11,8 +11,9 @@ use std::time::Duration;
 use serde_json::Value;
 use testenv::ControlPlane;
 
-use crate::judge::cluster;
-use crate::operator::{Operator, apply, condition, eventually, get, kubectl_ok, wait_ready};
+use crate::support::cluster::{
+    Operator, apply, cluster, condition, eventually, get, kubectl_ok, wait_ready,
+};
 
 /// The field manager controller-runtime's client writes under in the KV-Operator's image (its
 /// binary, `manager`, as Kubebuilder builds it).
@@ -187,8 +188,22 @@ async fn a_kvcluster_the_kv_operator_made_is_taken_over_as_it_is() {
         after["status"]["updateRevision"], revision,
         "the pod template changed"
     );
-    // Its pods stay: the same ones, a while later.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Its pods stay: the same ones, once the StatefulSet controller has seen what this operator
+    // applied (a template it changed would have a new revision to roll out).
+    eventually(
+        "the StatefulSet controller to observe the applied StatefulSet",
+        Duration::from_secs(60),
+        || {
+            get(cp, &ns, "statefulset/raft")
+                .is_some_and(|s| s["status"]["observedGeneration"] == s["metadata"]["generation"])
+        },
+    )
+    .await;
+    let observed = get(cp, &ns, "statefulset/raft").unwrap();
+    assert_eq!(
+        observed["status"]["updateRevision"], revision,
+        "the pod template changed"
+    );
     assert_eq!(pods(cp, &ns, "raft"), raft_pods, "pods were replaced");
     let raft = get(cp, &ns, "kvclusters.storage.mydatabase.io/raft").unwrap();
     assert_eq!(raft["status"]["readyNodes"], 3, "{raft}");
@@ -197,7 +212,7 @@ async fn a_kvcluster_the_kv_operator_made_is_taken_over_as_it_is() {
     running(cp, &ns, "raft", 4).await;
 
     // The claim template's name is immutable and differs: said, with the fix.
-    let older = crate::operator::eventually(
+    let older = eventually(
         "the older KVCluster to say what blocks it",
         Duration::from_secs(30),
         || {

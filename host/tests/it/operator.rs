@@ -1,307 +1,17 @@
 //! `host run` on the real control plane: each test runs an operator of its own, in-process,
 //! watching a namespace of its own.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use testenv::ControlPlane;
 
-use crate::judge::cluster;
-
-/// An operator running in this test.
-pub(crate) struct Operator {
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<Result<(), host::operator::Error>>,
-    metrics: SocketAddr,
-}
-
-impl Operator {
-    pub(crate) async fn start(
-        cp: &ControlPlane,
-        namespace: &str,
-        group: &str,
-        extra: &[PathBuf],
-    ) -> Self {
-        let client = cp.client().await.unwrap();
-        Self::start_with(
-            client,
-            Some(namespace),
-            namespace,
-            &format!("test-{namespace}"),
-            group,
-            extra,
-        )
-        .await
-    }
-
-    async fn start_with(
-        client: kube::Client,
-        watch: Option<&str>,
-        lease_namespace: &str,
-        identity: &str,
-        group: &str,
-        extra: &[PathBuf],
-    ) -> Self {
-        let namespaces = watch.map(str::to_owned).into_iter().collect();
-        let settings = settings(namespaces, lease_namespace, identity);
-        Self::start_settings(client, group, extra, settings).await
-    }
-
-    /// An operator run with `settings` exactly.
-    pub(crate) async fn start_settings(
-        client: kube::Client,
-        group: &str,
-        extra: &[PathBuf],
-        settings: host::operator::Settings,
-    ) -> Self {
-        // The operator's logs, with RUST_LOG set (for example RUST_LOG=host=debug).
-        if std::env::var_os("RUST_LOG").is_some() {
-            let _ = tracing_subscriber::fmt()
-                .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-                .with_test_writer()
-                .try_init();
-        }
-        let runtime = host::plugin::Runtime::new(
-            host::plugin::Limits {
-                deadline: Duration::from_millis(500),
-                ..Default::default()
-            },
-            Some(crate::support::cache()),
-        )
-        .unwrap();
-        let ctx = host::types::Context {
-            api_group: group.to_owned(),
-            cluster_domain: "cluster.local".to_owned(),
-        };
-        let registry = host::registry::Registry::load(&runtime, ctx, true, extra).unwrap();
-        Self::run(client, registry, settings)
-    }
-
-    /// An operator serving `registry`, run with `settings` exactly.
-    pub(crate) fn run(
-        client: kube::Client,
-        registry: host::registry::Registry,
-        settings: host::operator::Settings,
-    ) -> Self {
-        let metrics = settings.metrics_addr;
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let task = tokio::spawn(host::operator::run(
-            client,
-            registry,
-            settings,
-            async move {
-                let _ = rx.await;
-            },
-        ));
-        Self {
-            stop: Some(tx),
-            task,
-            metrics,
-        }
-    }
-
-    /// The body of `path`, or nothing while the endpoint does not answer yet.
-    fn get(&self, path: &str) -> String {
-        http_get(self.metrics, path)
-    }
-
-    fn scrape(&self) -> String {
-        self.get("/metrics")
-    }
-
-    /// The value of the metric `name` (without labels), once it is exported.
-    pub(crate) fn metric(&self, name: &str) -> Option<f64> {
-        self.scrape()
-            .lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-    }
-
-    /// Whether its run has ended.
-    pub(crate) fn is_finished(&self) -> bool {
-        self.task.is_finished()
-    }
-
-    /// Whether `/readyz` answers 200.
-    fn ready(&self) -> bool {
-        self.get("/readyz").starts_with("HTTP/1.0 200")
-    }
-
-    fn writes(&self) -> f64 {
-        self.scrape()
-            .lines()
-            .filter(|l| l.starts_with("wasm_operator_api_writes_total{"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    }
-
-    /// Stops the operator and returns how its run ended.
-    async fn finish(mut self) -> Result<(), host::operator::Error> {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        match tokio::time::timeout(Duration::from_secs(30), self.task).await {
-            Ok(Ok(result)) => result,
-            other => panic!("the operator did not stop: {other:?}"),
-        }
-    }
-
-    pub(crate) async fn stop(mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        let result = tokio::time::timeout(Duration::from_secs(30), self.task).await;
-        assert!(
-            matches!(result, Ok(Ok(Ok(())))),
-            "the operator did not stop cleanly: {result:?}"
-        );
-    }
-}
-
-/// How the operators of these tests run: leader election on a Lease in `lease_namespace`,
-/// watching `namespaces` (none: all), metrics on a free port.
-pub(crate) fn settings(
-    namespaces: Vec<String>,
-    lease_namespace: &str,
-    identity: &str,
-) -> host::operator::Settings {
-    host::operator::Settings {
-        namespaces,
-        metrics_addr: free_addr(),
-        leader_election: true,
-        lease_namespace: lease_namespace.to_owned(),
-        lease_name: "wasm-operator".to_owned(),
-        identity: identity.to_owned(),
-        concurrency: 4,
-        max_writes_in_flight: 16,
-        render_memory: 2 * host::plugin::Limits::default().call_memory(),
-        render_wait: Duration::from_secs(3),
-        unready_after: Duration::from_secs(30),
-        stuck_after: Duration::from_secs(120),
-        plugin_resources: None,
-        rules: host::policy::Rules::default(),
-    }
-}
-
-/// A free port on loopback.
-fn free_addr() -> SocketAddr {
-    let port = testenv::free_port().unwrap();
-    format!("127.0.0.1:{port}").parse().unwrap()
-}
-
-/// The response to `GET path` (status line, headers, body), or nothing while nothing answers.
-pub(crate) fn http_get(addr: SocketAddr, path: &str) -> String {
-    let Ok(mut s) = TcpStream::connect(addr) else {
-        return String::new();
-    };
-    if s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
-        .is_err()
-    {
-        return String::new();
-    }
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out
-}
-
-pub(crate) fn kubectl(cp: &ControlPlane, args: &[&str]) -> (bool, String) {
-    let out = cp.kubectl(args);
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
-}
-
-/// Runs kubectl as admin and asserts that it succeeded; returns what it printed.
-pub(crate) fn kubectl_ok(cp: &ControlPlane, args: &[&str]) -> String {
-    let (ok, out) = kubectl(cp, args);
-    assert!(ok, "kubectl {args:?}: {out}");
-    out
-}
-
-pub(crate) fn apply(cp: &ControlPlane, ns: &str, yaml: &str) {
-    let file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(file.path(), yaml).unwrap();
-    let (ok, out) = kubectl(
-        cp,
-        &["apply", "-n", ns, "-f", &file.path().display().to_string()],
-    );
-    assert!(ok, "kubectl apply: {out}\n{yaml}");
-}
-
-/// `kubectl wait --for=condition=Ready`, which works because status follows kstatus.
-pub(crate) fn wait_ready(cp: &ControlPlane, ns: &str, what: &str) {
-    let (ok, out) = kubectl(
-        cp,
-        &[
-            "wait",
-            "-n",
-            ns,
-            "--for=condition=Ready",
-            what,
-            "--timeout=120s",
-        ],
-    );
-    assert!(
-        ok,
-        "kubectl wait {what}: {out}\n{}",
-        kubectl(cp, &["get", "-n", ns, what, "-o", "yaml"]).1
-    );
-}
-
-pub(crate) fn get(cp: &ControlPlane, ns: &str, what: &str) -> Option<Value> {
-    let out = cp.kubectl(&["get", "-n", ns, what, "-o", "json"]);
-    out.status
-        .success()
-        .then(|| serde_json::from_slice(&out.stdout).unwrap())
-}
-
-pub(crate) async fn eventually(what: &str, timeout: Duration, check: impl FnMut() -> bool) {
-    eventually_or(what, timeout, check, String::new).await;
-}
-
-/// As [`eventually`], with `explain()` appended to the failure message.
-async fn eventually_or(
-    what: &str,
-    timeout: Duration,
-    mut check: impl FnMut() -> bool,
-    explain: impl Fn() -> String,
-) {
-    let deadline = Instant::now() + timeout;
-    while !check() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}{}",
-            explain()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-pub(crate) fn condition(obj: &Value, type_: &str) -> (String, String, String) {
-    let c = obj["status"]["conditions"]
-        .as_array()
-        .and_then(|cs| cs.iter().find(|c| c["type"] == type_).cloned())
-        .unwrap_or_default();
-    let s = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
-    (s("status"), s("reason"), s("message"))
-}
-
-pub(crate) const WEB: &str = "apiVersion: hanzo.ai/v1
-kind: Service
-metadata:
-  name: web
-spec:
-  image: { repository: ghcr.io/hanzoai/web, tag: v1 }
-  replicas: 2
-  ports: [{ name: http, containerPort: 8080, servicePort: 80 }]
-  env: [{ name: LOG_LEVEL, value: info }]
-  ingress: { hosts: [web.example.com] }
-";
+use crate::support::cluster::{
+    Operator, WEB, apply, apply_cluster, cluster, condition, eventually, eventually_or, free_addr,
+    get, install_crds, kubectl, kubectl_ok, settings, wait_collected, wait_observed, wait_ready,
+    wait_reason,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_service_lives_its_whole_life() {
@@ -397,11 +107,51 @@ async fn a_service_lives_its_whole_life() {
     )
     .await;
 
-    // Steady state: no writes at all.
+    // Steady state: no writes at all. Once the Deployment has rolled back, web's status says
+    // so and the operator is quiet, a change that alters nothing the operator makes (an
+    // annotation of web, which its plugin does not read) is reconciled, and nothing is
+    // written.
     wait_ready(cp, &ns, "services.hanzo.ai/web");
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    eventually(
+        "the Deployment rolled back to 3 replicas, and web's status to say so",
+        Duration::from_secs(60),
+        || {
+            let (Some(d), Some(w)) = (
+                get(cp, &ns, "deployment/web"),
+                get(cp, &ns, "services.hanzo.ai/web"),
+            ) else {
+                return false;
+            };
+            let applied = w["status"]["children"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["kind"] == "Deployment")
+                .map(|c| c["applied"]["generation"].clone());
+            d["status"]["observedGeneration"] == d["metadata"]["generation"]
+                && d["status"]["replicas"] == 3
+                && d["status"]["readyReplicas"] == 3
+                && applied.as_ref() == Some(&d["metadata"]["generation"])
+                && condition(&w, "Ready").0 == "True"
+        },
+    )
+    .await;
+    op.quiet().await;
     let before = op.writes();
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    op.reconciles("services.hanzo.ai", || {
+        kubectl_ok(
+            cp,
+            &[
+                "annotate",
+                "-n",
+                &ns,
+                "services.hanzo.ai/web",
+                "example.com/looked-at=yes",
+            ],
+        );
+    })
+    .await;
+    op.quiet().await;
     assert_eq!(op.writes(), before, "writes during a quiet period");
     let metrics = op.scrape();
     for name in [
@@ -433,7 +183,7 @@ async fn a_hostile_plugin_stalls_its_resources_and_nothing_else() {
     let client = cp.client().await.unwrap();
     let ns = cp.namespace(&client, "hostile").await.unwrap();
     // The hostile plugin's CRD, from its own description.
-    crate::reporting::install_crds(cp, test_guests::HOSTILE);
+    install_crds(cp, test_guests::HOSTILE);
 
     let op = Operator::start(cp, &ns, "hanzo.ai", &[PathBuf::from(test_guests::HOSTILE)]).await;
     let hostile = |name: &str, mode: &str| {
@@ -481,7 +231,10 @@ async fn a_hostile_plugin_stalls_its_resources_and_nothing_else() {
     apply(cp, &ns, &hostile("scaler", "hpa-v2"));
     wait_ready(cp, &ns, "hostiles.test.wasm-operator.dev/scaler");
     let first = get(cp, &ns, "hpa/scaler").expect("the HPA exists");
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // Reconciled again, at a new generation whose render is the same (a field the plugin does
+    // not read).
+    apply(cp, &ns, &hostile("scaler", "hpa-v2, secretName: unused"));
+    wait_observed(cp, &ns, "hostiles.test.wasm-operator.dev/scaler").await;
     let later = get(cp, &ns, "hpa/scaler").expect("the HPA was pruned");
     assert_eq!(
         first["metadata"]["uid"], later["metadata"]["uid"],
@@ -726,8 +479,19 @@ async fn runs_with_its_rbac_skips_missing_crds_and_survives_an_api_server_restar
     tokio::task::block_in_place(|| cp.restart_apiserver(Duration::from_secs(3))).unwrap();
     // An outage longer than the renew deadline (10 s, on a busy machine) makes the leader stop
     // writing and exit, as it must; the kubelet would start it again, and so does the test.
-    tokio::time::sleep(Duration::from_secs(12)).await;
-    if op.task.is_finished() {
+    // Either it has ended, or it has renewed its Lease since the API server came back.
+    let back = k8s_openapi::jiff::Timestamp::now();
+    eventually(
+        "the operator to renew its Lease after the restart, or to end",
+        Duration::from_secs(60),
+        || {
+            op.is_finished()
+                || renewed(&cp, "wasm-operator")
+                    .is_some_and(|(holder, at)| holder == "replica-a" && at > back)
+        },
+    )
+    .await;
+    if op.is_finished() {
         let ended = op.finish().await;
         assert!(
             matches!(
@@ -795,7 +559,14 @@ async fn two_replicas_share_one_lease() {
         get(cp, &ns, "lease/wasm-operator")
             .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_owned))
     };
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The standby is up and the leader has renewed the Lease since it started.
+    let standing_by = k8s_openapi::jiff::Timestamp::now();
+    eventually(
+        "replica-a to renew the Lease while replica-b stands by",
+        Duration::from_secs(30),
+        || !b.scrape().is_empty() && renewed(cp, &ns).is_some_and(|(_, at)| at > standing_by),
+    )
+    .await;
     assert_eq!(holder().as_deref(), Some("replica-a"));
     assert_eq!(b.writes(), 0.0, "the standby replica wrote");
     assert!(a.ready(), "the leader has listed everything: ready");
@@ -908,7 +679,7 @@ async fn kinds_it_may_not_list_do_not_hold_up_its_stop() {
         "--watch-namespace",
         &ns,
     ]);
-    crate::plugins::apply_cluster(cp, &rbac);
+    apply_cluster(cp, &rbac);
     let client = cp.service_account_client(&admin, &ns, &ns).await.unwrap();
     // It serves every built-in plugin's Kinds.
     let op = Operator::start_settings(
@@ -940,28 +711,6 @@ async fn kinds_it_may_not_list_do_not_hold_up_its_stop() {
     let stopping = Instant::now();
     op.finish().await.unwrap();
     println!("stopped in {:?}", stopping.elapsed());
-}
-
-/// The `Ready` condition's reason and message of `what`, once its reason is `reason`.
-pub(crate) async fn wait_reason(cp: &ControlPlane, ns: &str, what: &str, reason: &str) -> Value {
-    let mut last = None;
-    eventually_or(
-        &format!("{what} to say {reason}"),
-        Duration::from_secs(30),
-        || {
-            last = get(cp, ns, what);
-            last.as_ref()
-                .is_some_and(|o| condition(o, "Ready").1 == reason)
-        },
-        || {
-            format!(
-                ": {}",
-                kubectl(cp, &["get", "-n", ns, what, "-o", "yaml"]).1
-            )
-        },
-    )
-    .await;
-    get(cp, ns, what).unwrap()
 }
 
 fn owner_uids(obj: &Value) -> Vec<String> {
@@ -1061,7 +810,8 @@ async fn an_object_made_by_hand_is_taken_only_with_its_own_consent_or_in_a_migra
         || get(cp, &ns, "deployment/web").is_none(),
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The garbage collector is done with web: nothing names it as owner any more.
+    wait_collected(cp, &ns, web["metadata"]["uid"].as_str().unwrap()).await;
     assert!(
         get(cp, &ns, "service/web").is_some(),
         "the hand-made Service was deleted with the resource that never owned it"
@@ -1122,7 +872,8 @@ async fn two_resources_wanting_one_child_the_first_keeps_it() {
         &WEB.replace("name: web", "name: db")
             .replace("replicas: 2", "replicas: 3"),
     );
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The first has been reconciled at its new generation.
+    wait_observed(cp, &ns, "services.hanzo.ai/db").await;
     let after = get(cp, &ns, "service/db").unwrap();
     assert_eq!(owner_uids(&after), vec![first_uid]);
     assert_eq!(
@@ -1336,8 +1087,24 @@ async fn a_restart_with_nothing_changed_writes_nothing() {
     );
     wait_ready(cp, &ns, "services.hanzo.ai/web");
     wait_ready(cp, &ns, "sqls.hanzo.ai/db");
-    // Let the last statuses and events be written, then stop.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Let the last statuses and events be written, then stop: each status says every child is
+    // ready, and the operator is quiet.
+    for what in ["services.hanzo.ai/web", "sqls.hanzo.ai/db"] {
+        eventually(
+            &format!("{what}'s status to say every child is ready"),
+            Duration::from_secs(60),
+            || {
+                get(cp, &ns, what).is_some_and(|o| {
+                    let children = o["status"]["children"].as_array().cloned();
+                    o["status"]["observedGeneration"] == o["metadata"]["generation"]
+                        && children
+                            .is_some_and(|c| !c.is_empty() && c.iter().all(|c| c["ready"] == true))
+                })
+            },
+        )
+        .await;
+    }
+    first.quiet().await;
     first.stop().await;
 
     // A new operator finds every child as it left it: what it applied is in each status.
@@ -1348,7 +1115,18 @@ async fn a_restart_with_nothing_changed_writes_nothing() {
         || second.ready(),
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // Each resource has been reconciled, and what those reconciliations had to report would
+    // have been written by the time the operator is quiet.
+    eventually(
+        "the new operator to reconcile both resources",
+        Duration::from_secs(30),
+        || {
+            second.reconciled("services.hanzo.ai") >= 1.0
+                && second.reconciled("sqls.hanzo.ai") >= 1.0
+        },
+    )
+    .await;
+    second.quiet().await;
     let writes: Vec<String> = second
         .scrape()
         .lines()
@@ -1362,6 +1140,14 @@ async fn a_restart_with_nothing_changed_writes_nothing() {
         .any(|l| l.starts_with("controller_runtime_reconcile_total{") && !l.ends_with(" 0"));
     assert!(reconciled, "the new operator reconciled nothing");
     second.stop().await;
+}
+
+/// The holder of the Lease `wasm-operator` in `ns` and when it last renewed it.
+fn renewed(cp: &ControlPlane, ns: &str) -> Option<(String, k8s_openapi::jiff::Timestamp)> {
+    let lease = get(cp, ns, "lease/wasm-operator")?;
+    let holder = lease["spec"]["holderIdentity"].as_str()?.to_owned();
+    let at = lease["spec"]["renewTime"].as_str()?.parse().ok()?;
+    Some((holder, at))
 }
 
 /// When the API server received a request, from its audit event.
@@ -1458,7 +1244,14 @@ async fn leader_partitioned(fault: Fault) {
         get(&cp, "wasm-operator", "lease/wasm-operator")
             .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_owned))
     };
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The leader has renewed the Lease since the standby started.
+    let standing_by = k8s_openapi::jiff::Timestamp::now();
+    eventually(
+        "replica-a to renew the Lease while replica-b stands by",
+        Duration::from_secs(30),
+        || renewed(&cp, "wasm-operator").is_some_and(|(_, at)| at > standing_by),
+    )
+    .await;
     assert_eq!(holder().as_deref(), Some("replica-a"));
 
     // Cut A off. The resource changes meanwhile: there is work for whoever leads.
@@ -1500,9 +1293,9 @@ async fn leader_partitioned(fault: Fault) {
         || get(&cp, &ns, "deployment/web").is_some_and(|d| d["spec"]["replicas"] == 4),
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(5)).await;
     // A steps down by itself: its last reconciliations and reports end first (each request
-    // bounded in time), which on a loaded machine can take a while.
+    // bounded in time), which on a loaded machine can take a while. Once it has ended, whatever
+    // it sent after the network came back is in the audit log.
     let stepping_down = Instant::now();
     eventually(
         "replica-a to step down by itself",

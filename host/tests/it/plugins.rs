@@ -8,7 +8,10 @@ use std::time::Duration;
 use serde_json::Value;
 use testenv::{ControlPlane, Registry, RegistryOptions};
 
-use crate::operator::{Operator, apply, eventually, get, kubectl, kubectl_ok, wait_ready};
+use crate::support::cluster::{
+    Operator, apply, apply_cluster, eventually, get, kubectl, kubectl_ok, settings, wait_for,
+    wait_ready,
+};
 
 /// Two replicas: the standby pulls, compiles and checks every Plugin while it waits for the
 /// Lease, so when the leader goes it serves them at once, with the registry down and nothing
@@ -133,29 +136,22 @@ fn ready(status: &Value) -> (String, String, String) {
     (s("status"), s("reason"), s("message"))
 }
 
-/// `kubectl wait --for=condition=CONDITION WHAT` (cluster-scoped objects).
-pub(crate) fn wait_for(cp: &ControlPlane, condition: &str, what: &str) {
-    kubectl_ok(
-        cp,
-        &[
-            "wait",
-            &format!("--for=condition={condition}"),
-            what,
-            "--timeout=120s",
-        ],
-    );
+/// Applies the Plugin `name` of the image `broken` (which is not a component), and waits until
+/// the operator has refused it: it has handled every Plugin event before this one too.
+async fn barrier(cp: &ControlPlane, name: &str, broken: &str) {
+    apply_cluster(cp, &plugin(name, broken));
+    eventually(
+        &format!("the Plugin {name} to be refused"),
+        Duration::from_secs(60),
+        || ready(&plugin_status(cp, name)).1 == "CheckFailed",
+    )
+    .await;
 }
 
 /// The Plugin CRD, as `host crds` prints it, installed and Established.
 fn install_plugin_crd(cp: &ControlPlane) {
     apply_cluster(cp, &serde_json::to_string(&host::api::crd()).unwrap());
     wait_for(cp, "Established", "crd/plugins.wasm-operator.dev");
-}
-
-pub(crate) fn apply_cluster(cp: &ControlPlane, yaml: &str) {
-    let file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(file.path(), yaml).unwrap();
-    kubectl_ok(cp, &["apply", "-f", &file.path().display().to_string()]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -298,12 +294,15 @@ async fn a_plugin_resource_is_served_upgraded_kept_on_a_bad_version_and_dropped_
         "{message}"
     );
     assert_eq!(status["digest"], v2.rsplit_once('@').unwrap().1, "{status}");
-    apply(
-        &cp,
-        &ns,
-        &hostile.replace("name: h}", "name: h, labels: {touched: \"yes\"}}"),
-    );
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    operator
+        .reconciles("hostiles.test.wasm-operator.dev", || {
+            apply(
+                &cp,
+                &ns,
+                &hostile.replace("name: h}", "name: h, labels: {touched: \"yes\"}}"),
+            );
+        })
+        .await;
     assert_eq!(
         data(&cp).unwrap()["version"],
         "next",
@@ -337,9 +336,12 @@ async fn a_plugin_resource_is_served_upgraded_kept_on_a_bad_version_and_dropped_
             "--wait=true",
         ],
     );
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The operator handles the Plugins' events in order: once it has handled a Plugin applied
+    // after the delete, it has stopped the deleted one's controllers; once it has handled one
+    // applied after the change, it has had the time to see the change.
+    barrier(&cp, "after-delete", &broken).await;
     apply(&cp, &ns, &hostile.replace("mode: ok", "mode: error"));
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    barrier(&cp, "after-change", &broken).await;
     let h = get(&cp, &ns, "hostiles.test.wasm-operator.dev/h").expect("the resource stays");
     assert_ne!(
         h["status"]["observedGeneration"], h["metadata"]["generation"],
@@ -347,6 +349,9 @@ async fn a_plugin_resource_is_served_upgraded_kept_on_a_bad_version_and_dropped_
     );
     assert!(kubectl(&cp, &["get", "crd", "hostiles.test.wasm-operator.dev"]).0);
     assert_eq!(data(&cp).unwrap()["version"], "next");
+    for name in ["after-delete", "after-change"] {
+        kubectl_ok(&cp, &["delete", "plugins.wasm-operator.dev", name]);
+    }
 
     operator.stop().await;
 
@@ -401,7 +406,7 @@ fn settings_for(
             },
             store: Some(host::oci::Store::new(store)),
         }),
-        ..crate::operator::settings(Vec::new(), "default", "live")
+        ..settings(Vec::new(), "default", "live")
     }
 }
 

@@ -2,54 +2,15 @@
 //! un-Ready, status fields computed by the plugin from what the host observes, a plugin whose
 //! status misbehaves contained, and a plugin built against 1.0 served unchanged.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::Value;
-use testenv::ControlPlane;
 
-use crate::judge::cluster;
-use crate::operator::{
-    Operator, apply, condition, eventually, get, kubectl, kubectl_ok, wait_ready,
+use crate::support::cluster::{
+    Operator, apply, cluster, condition, eventually, get, install_crds, kubectl, kubectl_ok,
+    wait_ready,
 };
-
-/// The CRDs of the plugin at `wasm`, as `host crds --plugin` prints them, installed and
-/// Established.
-pub(crate) fn install_crds(cp: &ControlPlane, wasm: &str) {
-    let runtime = host::plugin::Runtime::new(
-        host::plugin::Limits::default(),
-        Some(crate::support::cache()),
-    )
-    .unwrap();
-    let plugin = runtime
-        .load_file(Path::new(wasm), &Default::default())
-        .unwrap();
-    for kind in &plugin.info().kinds {
-        let crd = host::crd::crd(&plugin, kind).unwrap();
-        let file = tempfile::NamedTempFile::new().unwrap();
-        std::fs::write(file.path(), crd.to_string()).unwrap();
-        // Other tests install the same CRDs on the shared control plane, maybe at this moment:
-        // a create that lost that race is applied again, as an update.
-        let path = file.path().display().to_string();
-        let (mut ok, mut out) = kubectl(cp, &["apply", "-f", &path]);
-        for _ in 0..3 {
-            if ok || !out.contains("AlreadyExists") {
-                break;
-            }
-            (ok, out) = kubectl(cp, &["apply", "-f", &path]);
-        }
-        assert!(ok, "kubectl apply -f {path}: {out}");
-        kubectl_ok(
-            cp,
-            &[
-                "wait",
-                "--for=condition=Established",
-                &format!("crd/{}.{}", kind.plural, kind.group),
-                "--timeout=30s",
-            ],
-        );
-    }
-}
 
 const DATASTORE: &str = "apiVersion: hanzo.ai/v1alpha1
 kind: HanzoDatastore
@@ -106,7 +67,7 @@ async fn warnings_and_status_computed_by_plugins_show_on_the_resource() {
     let table = kubectl_ok(cp, &["get", "-n", &ns, "hanzodatastores"]);
     assert!(table.contains("warning: spec.backup"), "{table}");
     // Once, as an event.
-    crate::operator::eventually("the warning's event", Duration::from_secs(30), || {
+    eventually("the warning's event", Duration::from_secs(30), || {
         kubectl(
             cp,
             &[

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use testenv::ControlPlane;
 
-use crate::judge::cluster;
-use crate::operator::{
-    Operator, condition, get, kubectl, kubectl_ok, settings, wait_ready, wait_reason,
+use crate::support::cluster::{
+    Operator, apply, cluster, condition, eventually, get, kubectl, kubectl_ok, settings,
+    wait_collected, wait_ready, wait_reason,
 };
 
 /// A ServiceAccount `tenant` in `ns` that may do anything with `services.hanzo.ai` there, and
@@ -35,7 +35,7 @@ roleRef: {{ apiGroup: rbac.authorization.k8s.io, kind: Role, name: tenant }}
 subjects: [{{ kind: ServiceAccount, name: tenant, namespace: {ns} }}]
 "
     );
-    crate::operator::apply(cp, ns, &yaml);
+    apply(cp, ns, &yaml);
     format!("system:serviceaccount:{ns}:tenant")
 }
 
@@ -216,7 +216,7 @@ async fn a_tenant_cannot_take_over_the_platforms_network_policy() {
     let ns = cp.namespace(&client, "takeover").await.unwrap();
     let user = tenant(cp, &ns);
     // The platform's policy, made by its own tooling (no controller owns it).
-    crate::operator::apply(
+    apply(
         cp,
         &ns,
         "apiVersion: networking.k8s.io/v1
@@ -263,20 +263,21 @@ spec:
             "services.hanzo.ai/default-deny",
         ],
     );
-    crate::operator::eventually(
+    eventually(
         "the tenant's Deployment to be collected",
         Duration::from_secs(60),
         || get(cp, &ns, "deployment/default-deny").is_none(),
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The garbage collector is done with the tenant's Service: nothing names it as owner.
+    wait_collected(cp, &ns, taker["metadata"]["uid"].as_str().unwrap()).await;
     let policy = get(cp, &ns, "networkpolicy/default-deny").expect("the platform's policy");
     assert_eq!(policy["metadata"]["labels"]["made-by"], "platform");
     op.stop().await;
 }
 
 async fn wait_for_deployment(cp: &ControlPlane, ns: &str, name: &str) {
-    crate::operator::eventually(
+    eventually(
         &format!("deployment {name}"),
         Duration::from_secs(30),
         || get(cp, ns, &format!("deployment/{name}")).is_some(),
@@ -407,7 +408,7 @@ async fn a_resource_may_name_only_secrets_and_service_accounts_its_author_may_us
     // The API server refuses a tenant's reference to a Secret it may not read (once the policy
     // is in force: it takes a moment to be loaded).
     let mut said = String::new();
-    crate::operator::eventually(
+    eventually(
         "the references policy to be in force",
         Duration::from_secs(60),
         || {
@@ -450,7 +451,7 @@ async fn a_resource_may_name_only_secrets_and_service_accounts_its_author_may_us
     apply_as(cp, &user, &ns, &named(PLAIN, "plain"));
 
     // Granted `get` on that one Secret, the tenant may name it, and only it.
-    crate::operator::apply(
+    apply(
         cp,
         &ns,
         &format!(
@@ -487,7 +488,7 @@ subjects: [{{ kind: ServiceAccount, name: tenant, namespace: {ns} }}]
     let op = Operator::start(cp, &ns, "hanzo.ai", &[]).await;
     // The pods' ServiceAccount exists (the API server makes no pod for one that does not).
     kubectl_ok(cp, &["create", "serviceaccount", "deployer", "-n", &ns]);
-    crate::operator::apply(
+    apply(
         cp,
         &ns,
         &with(

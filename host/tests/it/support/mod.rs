@@ -1,4 +1,7 @@
-//! Shared fixtures: one registry of the built-in plugins for every test, and the test data.
+//! Shared fixtures: one registry of the built-in plugins for every test, and the test data;
+//! the harness of the tests on a control plane in [`cluster`].
+
+pub mod cluster;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
