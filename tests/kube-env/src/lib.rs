@@ -627,8 +627,14 @@ impl ControlPlane {
     /// Leaves the control plane running after this process ends, and its directory in place.
     /// Returns a shell command that stops it and removes the directory.
     pub fn keep(mut self) -> Result<String> {
+        // Written beside it and renamed over it: each component's watchdog reads the file every
+        // half second, and one that read it while it was being rewritten (empty) would stop its
+        // component (seen under load in CI).
         let owner = self.dir.path().join("owner.pid");
-        std::fs::write(&owner, "kept").map_err(io(format!("writing {}", owner.display())))?;
+        let next = self.dir.path().join("owner.pid.next");
+        std::fs::write(&next, "kept")
+            .and_then(|()| std::fs::rename(&next, &owner))
+            .map_err(io(format!("writing {}", owner.display())))?;
         let procs = std::mem::take(
             &mut *self
                 .processes
