@@ -498,31 +498,44 @@ pub(crate) fn condition(obj: &Value, type_: &str) -> (String, String, String) {
 
 /// `what`, once its `Ready` condition's reason is `reason`.
 pub(crate) async fn wait_reason(cp: &ControlPlane, ns: &str, what: &str, reason: &str) -> Value {
-    eventually_or(
-        &format!("{what} to say {reason}"),
+    wait_for_object(
+        cp,
+        ns,
+        what,
+        &format!("to say {reason}"),
         Duration::from_secs(30),
-        || get(cp, ns, what).is_some_and(|o| condition(&o, "Ready").1 == reason),
-        || {
-            format!(
-                ": {}",
-                kubectl(cp, &["get", "-n", ns, what, "-o", "yaml"]).1
-            )
-        },
+        |o| condition(o, "Ready").1 == reason,
     )
-    .await;
-    get(cp, ns, what).unwrap()
+    .await
 }
 
 /// `what`, once its operator has reported on its current generation: `status.observedGeneration`
 /// has reached `metadata.generation`.
 pub(crate) async fn wait_observed(cp: &ControlPlane, ns: &str, what: &str) -> Value {
-    eventually_or(
-        &format!("{what} to be reported on at its generation"),
+    wait_for_object(
+        cp,
+        ns,
+        what,
+        "to be reported on at its generation",
         Duration::from_secs(60),
-        || {
-            get(cp, ns, what)
-                .is_some_and(|o| o["status"]["observedGeneration"] == o["metadata"]["generation"])
-        },
+        |o| o["status"]["observedGeneration"] == o["metadata"]["generation"],
+    )
+    .await
+}
+
+/// `what` in `ns`, once `done` holds of it, within `within`; on a timeout the failure shows it.
+async fn wait_for_object(
+    cp: &ControlPlane,
+    ns: &str,
+    what: &str,
+    waiting: &str,
+    within: Duration,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    eventually_or(
+        &format!("{what} {waiting}"),
+        within,
+        || get(cp, ns, what).is_some_and(|o| done(&o)),
         || {
             format!(
                 ": {}",
