@@ -178,6 +178,8 @@ pub struct Metrics {
     /// `wasm_operator_plugins_prefetched`: the `Plugin`s a standby holds loaded (pulled,
     /// compiled, checked) for when it leads.
     pub plugins_prefetched: Gauge,
+    /// `wasm_operator_reports_pending`: status writes and events queued or being written.
+    pub reports_pending: Gauge,
     ready: AtomicBool,
     /// Whether any watch has failed and not worked since (a fast path for every event).
     any_failing: AtomicBool,
@@ -219,6 +221,12 @@ impl Default for Metrics {
         let watch_errors = Family::<WatchLabels, Counter>::default();
         let report_errors = Family::<WriteLabels, Counter>::default();
         let plugins_prefetched = Gauge::default();
+        let reports_pending = Gauge::default();
+        registry.register(
+            "wasm_operator_reports_pending",
+            "Status writes and events queued or being written",
+            reports_pending.clone(),
+        );
         registry.register(
             "wasm_operator_plugins_prefetched",
             "Plugin resources a standby replica holds loaded for when it leads",
@@ -283,6 +291,7 @@ impl Default for Metrics {
             watch_errors,
             report_errors,
             plugins_prefetched,
+            reports_pending,
             ready: AtomicBool::new(false),
             any_failing: AtomicBool::new(false),
             health: Mutex::new(Health::default()),

@@ -26,6 +26,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::discovery::ApiResource;
 use kube::runtime::events::{Event, Recorder};
+use prometheus_client::metrics::gauge::Gauge;
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 
@@ -172,6 +173,8 @@ pub(crate) struct Reports {
     applies: Arc<Applies>,
     /// Whether this replica may write.
     fence: Arc<super::lease::Fence>,
+    /// `wasm_operator_reports_pending`: statuses and events queued or being written.
+    pending: Gauge,
 }
 
 impl Reports {
@@ -180,6 +183,7 @@ impl Reports {
         recorder: Recorder,
         applies: Arc<Applies>,
         fence: Arc<super::lease::Fence>,
+        pending: Gauge,
     ) -> Self {
         Self {
             client,
@@ -190,7 +194,15 @@ impl Reports {
             idle: Notify::new(),
             applies,
             fence,
+            pending,
         }
+    }
+
+    /// Sets [`Self::pending`] from `queue` (locked by the caller) and the writes in flight.
+    fn count(&self, queue: &Queue) {
+        let queued = queue.statuses.len() + queue.events.len();
+        let total = queued + self.in_flight.load(Ordering::SeqCst);
+        self.pending.set(i64::try_from(total).unwrap_or(i64::MAX));
     }
 
     /// The status most recently asked for and not yet written, if any: newer than what the
@@ -212,22 +224,30 @@ impl Reports {
             not_before: Instant::now() + hold,
             failures: 0,
         };
-        lock(&self.queue).push_status(key, write);
+        let mut queue = lock(&self.queue);
+        queue.push_status(key, write);
+        self.count(&queue);
+        drop(queue);
         self.work.notify_one();
     }
 
     /// Asks for an event about `regarding`; `controller` labels its metric.
     pub(crate) fn event(&self, event: Event, regarding: ObjectReference, controller: &str) {
-        lock(&self.queue)
+        let mut queue = lock(&self.queue);
+        queue
             .events
             .push_back((event, regarding, controller.to_owned()));
+        self.count(&queue);
+        drop(queue);
         self.work.notify_one();
     }
 
     /// The next write that is due, else when the next held status falls due.
     fn next(&self) -> Result<Work, Option<Instant>> {
-        let work = lock(&self.queue).pop(Instant::now())?;
+        let mut queue = lock(&self.queue);
+        let work = queue.pop(Instant::now())?;
         self.in_flight.fetch_add(1, Ordering::SeqCst);
+        self.count(&queue);
         Ok(work)
     }
 
@@ -261,6 +281,7 @@ impl Reports {
                         tracing::warn!(resource = %key,
                             "status not written, retrying in {:?}: {e}", retry_after(write.failures + 1));
                         lock(&self.queue).retry_status(key, write, Instant::now());
+                        // Counted again below, once the write is no longer in flight.
                     }
                 }
                 Ok(Work::Event(..)) if !self.fence.allows() => {
@@ -296,7 +317,9 @@ impl Reports {
                     continue;
                 }
             }
+            let queue = lock(&self.queue);
             self.in_flight.fetch_sub(1, Ordering::SeqCst);
+            self.count(&queue);
         }
     }
 

@@ -305,6 +305,7 @@ pub(super) async fn setup(
             Recorder::new(client.clone(), reporter),
             applies.clone(),
             fence.clone(),
+            metrics.reports_pending.clone(),
         ),
         fence,
         applies,

@@ -134,6 +134,8 @@ const RECONCILED: &str = "controller_runtime_reconcile_total";
 const RUNNING: &str = "controller_runtime_active_workers";
 /// The counter of the operator's write requests, labelled by verb and resource.
 const WRITES: &str = "wasm_operator_api_writes_total";
+/// Status writes and events the operator has queued and not yet written.
+const PENDING: &str = "wasm_operator_reports_pending";
 
 /// An operator running in this test.
 pub(crate) struct Operator {
@@ -294,7 +296,8 @@ impl Operator {
         .await;
     }
 
-    /// Waits until the operator is quiet: no reconciliation running, and neither its
+    /// Waits until the operator is quiet: no reconciliation running, no status or event waiting
+    /// to be written (a settling status is held for a while before it is), and neither its
     /// reconciliations nor its writes counted again for a second.
     pub(crate) async fn quiet(&self) {
         let last = std::cell::Cell::new(None);
@@ -308,14 +311,20 @@ impl Operator {
                     sum(&scraped, RECONCILED, None),
                     sum(&scraped, WRITES, None),
                     sum(&scraped, RUNNING, None),
+                    sum(&scraped, PENDING, None),
                 );
-                if last.get() != Some(now) || now.2 != 0.0 {
+                if last.get() != Some(now) || now.2 != 0.0 || now.3 != 0.0 {
                     last.set(Some(now));
                     since = Instant::now();
                 }
                 since.elapsed() >= Duration::from_secs(1)
             },
-            || format!(" (reconciliations, writes, running): {:?}", last.get()),
+            || {
+                format!(
+                    " (reconciliations, writes, running, reports pending): {:?}",
+                    last.get()
+                )
+            },
         )
         .await;
     }
