@@ -384,9 +384,9 @@ fn examples(registry: &Registry, inputs: &[String]) -> Result<Vec<Row>, Error> {
     for path in documents::expand(inputs)? {
         let text = documents::read(&path)?;
         for doc in documents::parse(&path, &text)? {
-            let resource = documents::resource(&doc.value).map_err(|reason| Error::Example {
+            let resource = documents::resource(&doc.value).map_err(|e| Error::Example {
                 place: format!("{path}: document {}", doc.index),
-                reason,
+                reason: e.to_string(),
             })?;
             let (group, version) = crate::gvk::split_api_version(&resource.api_version);
             let Some((_, kind)) = registry

@@ -179,9 +179,28 @@ fn kind_of(v: &Value) -> &'static str {
     }
 }
 
+/// Why a document is not a resource: which field, and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {problem}")]
+pub struct FieldError {
+    /// The field, such as `metadata.namespace`.
+    pub field: String,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+impl FieldError {
+    fn new(field: impl Into<String>, problem: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            problem: problem.into(),
+        }
+    }
+}
+
 /// Builds the resource a document describes. Errors name the field.
-pub fn resource(value: &Value) -> std::result::Result<Resource, String> {
-    let str_field = |path: &[&str]| -> std::result::Result<Option<String>, String> {
+pub fn resource(value: &Value) -> std::result::Result<Resource, FieldError> {
+    let str_field = |path: &[&str]| -> std::result::Result<Option<String>, FieldError> {
         let mut v = value;
         for p in path {
             match v.get(p) {
@@ -192,21 +211,27 @@ pub fn resource(value: &Value) -> std::result::Result<Resource, String> {
         match v {
             Value::String(s) => Ok(Some(s.clone())),
             Value::Null => Ok(None),
-            _ => Err(format!("{}: must be a string", path.join("."))),
+            _ => Err(FieldError::new(path.join("."), "must be a string")),
         }
     };
-    let api_version = str_field(&["apiVersion"])?.ok_or("apiVersion: is required")?;
-    let kind = str_field(&["kind"])?.ok_or("kind: is required")?;
-    let name = str_field(&["metadata", "name"])?.ok_or("metadata.name: is required")?;
+    let required = |path: &[&str]| {
+        str_field(path)?.ok_or_else(|| FieldError::new(path.join("."), "is required"))
+    };
+    let api_version = required(&["apiVersion"])?;
+    let kind = required(&["kind"])?;
+    let name = required(&["metadata", "name"])?;
     // As kubectl reads it, an empty namespace is the default one.
     let namespace = str_field(&["metadata", "namespace"])?
         .filter(|ns| !ns.is_empty())
         .unwrap_or_else(|| "default".to_owned());
     if !is_namespace(&namespace) {
-        return Err(format!(
-            "metadata.namespace: `{}` is not a valid namespace: use at most 63 lower-case \
-             letters, digits and '-', starting and ending with a letter or digit",
-            shown(&namespace)
+        return Err(FieldError::new(
+            "metadata.namespace",
+            format!(
+                "`{}` is not a valid namespace: use at most 63 lower-case letters, digits and \
+                 '-', starting and ending with a letter or digit",
+                shown(&namespace)
+            ),
         ));
     }
     let uid = str_field(&["metadata", "uid"])?.unwrap_or_default();
@@ -214,17 +239,23 @@ pub fn resource(value: &Value) -> std::result::Result<Resource, String> {
         .pointer("/metadata/generation")
         .and_then(Value::as_i64)
         .unwrap_or(0);
-    let map = |key: &str| -> std::result::Result<BTreeMap<String, String>, String> {
+    let map = |key: &str| -> std::result::Result<BTreeMap<String, String>, FieldError> {
         match value.get("metadata").and_then(|m| m.get(key)) {
             None | Some(Value::Null) => Ok(BTreeMap::new()),
             Some(Value::Object(m)) => m
                 .iter()
                 .map(|(k, v)| match v {
                     Value::String(s) => Ok((k.clone(), s.clone())),
-                    _ => Err(format!("metadata.{key}.{}: must be a string", shown(k))),
+                    _ => Err(FieldError::new(
+                        format!("metadata.{key}.{}", shown(k)),
+                        "must be a string",
+                    )),
                 })
                 .collect(),
-            Some(_) => Err(format!("metadata.{key}: must be a map of strings")),
+            Some(_) => Err(FieldError::new(
+                format!("metadata.{key}"),
+                "must be a map of strings",
+            )),
         }
     };
     let labels = map("labels")?;
@@ -232,7 +263,7 @@ pub fn resource(value: &Value) -> std::result::Result<Resource, String> {
     let spec = match value.get("spec") {
         None | Some(Value::Null) => Value::Object(serde_json::Map::new()),
         Some(s @ Value::Object(_)) => s.clone(),
-        Some(_) => return Err("spec: must be an object".into()),
+        Some(_) => return Err(FieldError::new("spec", "must be an object")),
     };
     Ok(Resource {
         api_version,
@@ -361,9 +392,10 @@ mod tests {
         assert_eq!(resource(&doc("")).unwrap().namespace, "default");
         for bad in [" ", "Team", "a_b", "-a", "a.b"] {
             let e = resource(&doc(bad)).unwrap_err();
-            assert!(e.starts_with("metadata.namespace: `"), "{e}");
+            assert_eq!(e.field, "metadata.namespace", "{e}");
+            assert!(e.problem.starts_with('`'), "{e}");
         }
-        let e = resource(&doc(&"a\n".repeat(100))).unwrap_err();
+        let e = resource(&doc(&"a\n".repeat(100))).unwrap_err().to_string();
         assert!(!e.contains('\n') && e.len() < 300, "{e}");
     }
 }

@@ -22,7 +22,7 @@ pub enum Error {
         /// `FILE: document N`.
         place: String,
         /// Which field is wrong, and how.
-        reason: String,
+        reason: crate::documents::FieldError,
     },
     /// `--render-memory` leaves no room for even one plugin call.
     #[error(

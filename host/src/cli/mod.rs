@@ -224,7 +224,10 @@ fn runtime(workers: Option<usize>) -> Result<tokio::runtime::Runtime, Error> {
 /// or why the document is not one.
 fn each_resource(
     files: &[String],
-    mut each: impl FnMut(&str, std::result::Result<crate::types::Resource, String>) -> Result<(), Error>,
+    mut each: impl FnMut(
+        &str,
+        std::result::Result<crate::types::Resource, crate::documents::FieldError>,
+    ) -> Result<(), Error>,
 ) -> Result<(), Error> {
     for file in &crate::documents::expand(files)? {
         let shown = if file == "-" {

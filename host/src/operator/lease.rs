@@ -166,7 +166,7 @@ async fn campaign(
         // A request that hangs (a partition) must not hold the loop past the deadline.
         let result = tokio::time::timeout(RETRY, try_acquire(&api, &name, &identity, &mut seen))
             .await
-            .unwrap_or_else(|_| Err(format!("no answer within {RETRY:?}")));
+            .unwrap_or(Err(AttemptError::NoAnswer(RETRY)));
         match result {
             Ok(true) => {
                 if last_renewal.is_none() {
@@ -220,6 +220,15 @@ fn now_micro() -> MicroTime {
     MicroTime(Timestamp::now())
 }
 
+/// Why one round of taking or renewing the Lease did not say whether we hold it.
+#[derive(Debug, thiserror::Error)]
+enum AttemptError {
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+    #[error("no answer within {0:?}")]
+    NoAnswer(Duration),
+}
+
 /// One round: take the Lease if it is free or expired, renew it if ours. Returns whether we
 /// hold it now.
 async fn try_acquire(
@@ -227,7 +236,7 @@ async fn try_acquire(
     name: &str,
     identity: &str,
     seen: &mut Option<(Seen, Instant)>,
-) -> Result<bool, String> {
+) -> Result<bool, AttemptError> {
     let spec = |acquire: Option<MicroTime>, transitions: i32| LeaseSpec {
         holder_identity: Some(identity.to_owned()),
         lease_duration_seconds: Some(LEASE_DURATION.as_secs() as i32),
@@ -236,7 +245,7 @@ async fn try_acquire(
         lease_transitions: Some(transitions),
         ..LeaseSpec::default()
     };
-    let lease = match api.get_opt(name).await.map_err(|e| e.to_string())? {
+    let lease = match api.get_opt(name).await? {
         Some(lease) => lease,
         None => {
             let lease = Lease {
@@ -250,7 +259,7 @@ async fn try_acquire(
                 Ok(_) => Ok(true),
                 // Someone else created it first.
                 Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(e.into()),
             };
         }
     };
@@ -289,7 +298,7 @@ async fn try_acquire(
     match api.replace(name, &PostParams::default(), &updated).await {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(e.into()),
     }
 }
 

@@ -254,9 +254,9 @@ pub(super) async fn setup(
     let mut missing = Vec::new();
     for ((key, (api_version, child)), found) in wanted.into_iter().zip(discovered) {
         let entry = match found {
-            Ok((_, caps)) if caps.scope != Scope::Namespaced => {
-                Err(format!("{} is cluster-scoped", child.kind))
-            }
+            Ok((_, caps)) if caps.scope != Scope::Namespaced => Err(Unserved::ClusterScoped {
+                kind: child.kind.clone(),
+            }),
             Ok((ar, _)) => {
                 // One watch per `group/Kind`, on the first version the cluster serves.
                 let kind = children::kind_key(&api_version, &child.kind);
@@ -272,10 +272,10 @@ pub(super) async fn setup(
                     key.clone(),
                     GroupVersionKind::gvk(&child.group, &child.version, &child.kind),
                 ));
-                Err(format!(
-                    "the API server does not serve {api_version} {} (is its CRD installed?)",
-                    child.kind
-                ))
+                Err(Unserved::NotServed {
+                    api_version: api_version.clone(),
+                    kind: child.kind.clone(),
+                })
             }
             Err(e) => {
                 // Served later, perhaps (a CRD still being established, an API server busy).
@@ -283,10 +283,11 @@ pub(super) async fn setup(
                     key.clone(),
                     GroupVersionKind::gvk(&child.group, &child.version, &child.kind),
                 ));
-                Err(format!(
-                    "discovery of {api_version} {} failed: {e}",
-                    child.kind
-                ))
+                Err(Unserved::Discovery {
+                    api_version: api_version.clone(),
+                    kind: child.kind.clone(),
+                    reason: e.to_string(),
+                })
             }
         };
         if let Err(why) = &entry {

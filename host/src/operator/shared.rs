@@ -3,6 +3,29 @@
 
 use super::*;
 
+/// Why children of a declared kind cannot be applied (for now): said in the status of every
+/// resource that renders one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum Unserved {
+    /// Children must live in their owner's namespace.
+    #[error("{kind} is cluster-scoped")]
+    ClusterScoped { kind: String },
+    /// Discovery found no such kind (looked for again every few seconds).
+    #[error("the API server does not serve {api_version} {kind} (is its CRD installed?)")]
+    NotServed { api_version: String, kind: String },
+    /// Discovery failed (looked for again every few seconds).
+    #[error("discovery of {api_version} {kind} failed: {reason}")]
+    Discovery {
+        api_version: String,
+        kind: String,
+        /// The API server's answer.
+        reason: String,
+    },
+    /// A plugin loaded since the start declares it; discovery has not answered yet.
+    #[error("{api_version} {kind} is being looked for")]
+    LookingFor { api_version: String, kind: String },
+}
+
 /// What every controller shares.
 pub(crate) struct Shared {
     pub client: kube::Client,
@@ -13,7 +36,7 @@ pub(crate) struct Shared {
     pub metrics: Arc<Metrics>,
     /// Where each declared child kind is applied, by `group/version/Kind`: `Err` says why it
     /// cannot be (its CRD is not installed, it is cluster-scoped, ...).
-    pub targets: RwLock<BTreeMap<String, Result<ApiResource, String>>>,
+    pub targets: RwLock<BTreeMap<String, Result<ApiResource, Unserved>>>,
     /// The watch of each child kind the cluster serves, by `group/Kind` ([`children::kind_key`]).
     pub watched: RwLock<BTreeMap<String, Watched>>,
     /// The declared child kinds whose CRD was not installed at start, looked for again now and

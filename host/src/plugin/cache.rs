@@ -72,7 +72,7 @@ impl Cache {
         engine: &Engine,
         wasm: &[u8],
         sha256: &str,
-    ) -> Result<(Component, bool), String> {
+    ) -> wasmtime::Result<(Component, bool)> {
         let path = self.path(engine, sha256);
         if path.is_file() {
             // SAFETY: the file is one this host wrote with `Engine::precompile_component` for the
@@ -98,9 +98,7 @@ impl Cache {
                 }
             }
         }
-        let compiled = engine
-            .precompile_component(wasm)
-            .map_err(|e| format!("{e:#}"))?;
+        let compiled = engine.precompile_component(wasm)?;
         if let Err(e) = self.write_entry(&path, &compiled) {
             tracing::warn!(path = %path.display(), "cannot cache the compiled component: {e}");
         }
@@ -110,7 +108,7 @@ impl Cache {
             reason = "loading our own precompiled component, see SAFETY"
         )]
         let component = unsafe { Component::deserialize(engine, &compiled) };
-        component.map(|c| (c, false)).map_err(|e| format!("{e:#}"))
+        component.map(|c| (c, false))
     }
 }
 

@@ -297,14 +297,12 @@ impl Runtime {
     ) -> std::result::Result<(Plugin, Anatomy), LoadFailure> {
         let (component, from_cache) = match &self.cache {
             Some(cache) => cache.load_or_compile(&self.engine, wasm, &sha256),
-            None => Component::new(&self.engine, wasm)
-                .map(|c| (c, false))
-                .map_err(|e| format!("{e:#}")),
+            None => Component::new(&self.engine, wasm).map(|c| (c, false)),
         }
         .map_err(|e| LoadFailure {
             step: Step::Compile,
             reason: if wasm.starts_with(b"\0asm") {
-                format!("not a valid WebAssembly component: {e}")
+                format!("not a valid WebAssembly component: {e:#}")
             } else {
                 "not a WebAssembly component (no \\0asm header)".to_owned()
             },

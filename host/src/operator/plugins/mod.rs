@@ -30,8 +30,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 
 use super::{
-    Controllers, FirstList, FirstListDone, Settings, Shared, discover, gvk_key, lock, watch_config,
-    watch_health, write,
+    Controllers, FirstList, FirstListDone, Settings, Shared, Unserved, discover, gvk_key, lock,
+    watch_config, watch_health, write,
 };
 use crate::api::{CRD_OWNER, api_resource};
 use crate::oci::{self, Reference};
@@ -592,7 +592,10 @@ impl Loader {
             }
             targets.insert(
                 key.clone(),
-                Err(format!("{api_version} {} is being looked for", child.kind)),
+                Err(Unserved::LookingFor {
+                    api_version,
+                    kind: child.kind.clone(),
+                }),
             );
             missing.push((
                 key,

@@ -27,7 +27,7 @@ use super::children::{Applied, ChildId, applied_key, controller_uid, kind_key};
 use super::metrics::{ControllerLabels, FailureLabels, Metrics, PluginLabels, ResultLabels};
 use super::report::{self, Key};
 use super::status::{self, Child, Outcome, Problem, Skipped};
-use super::{KindCtx, LiveChild, Shared, backoff, gvk_key, lock, read};
+use super::{KindCtx, LiveChild, Shared, Unserved, backoff, gvk_key, lock, read};
 use crate::ownership::{
     ADOPT_BY_ANNOTATION, Control, FIELD_MANAGER, asks_adoption, consents, control, handle,
 };
@@ -88,8 +88,8 @@ pub(crate) enum ReconcileError {
     #[error("{0}")]
     Render(RenderError),
     /// Children could not be pruned or applied for now (reported in status).
-    #[error("{0}")]
-    Retry(String),
+    #[error("{}", .0.iter().map(|p| p.message.as_str()).collect::<Vec<_>>().join("; "))]
+    Retry(Vec<Problem>),
 }
 
 /// Runs one reconciliation with metrics around it.

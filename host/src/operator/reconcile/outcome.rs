@@ -102,14 +102,13 @@ pub(super) fn report(
         }
     }
     // What the operator retries by itself: with backoff, as a failed reconciliation.
-    let retry: Vec<&str> = outcome
+    let retry: Vec<Problem> = outcome
         .problems
-        .iter()
+        .into_iter()
         .filter(|p| p.retrying)
-        .map(|p| p.message.as_str())
         .collect();
     if !retry.is_empty() {
-        return Err(ReconcileError::Retry(retry.join("; ")));
+        return Err(ReconcileError::Retry(retry));
     }
     if applied.look_again {
         return Ok(Action::requeue(Duration::from_millis(100)));

@@ -6,7 +6,7 @@ use super::*;
 /// What the plan reads of the operator's caches (the shared state, or a test's maps).
 pub(crate) trait View {
     /// Where children of `group/version/Kind` are applied, or why they cannot be.
-    fn target(&self, gvk: &str) -> Option<Result<ApiResource, String>>;
+    fn target(&self, gvk: &str) -> Option<Result<ApiResource, Unserved>>;
     /// The live object of kind `group/Kind` in `namespace` named `name`, as the watch shows it.
     fn live(&self, kind_key: &str, namespace: &str, name: &str) -> Option<Arc<LiveChild>>;
     /// What our last apply of the child with this key left.
@@ -17,7 +17,7 @@ pub(crate) trait View {
 }
 
 impl View for Shared {
-    fn target(&self, gvk: &str) -> Option<Result<ApiResource, String>> {
+    fn target(&self, gvk: &str) -> Option<Result<ApiResource, Unserved>> {
         read(&self.targets).get(gvk).cloned()
     }
 
@@ -131,7 +131,7 @@ pub(crate) fn plan(objects: Vec<Value>, owner: &Owner, view: &impl View) -> Plan
             Some(Ok(ar)) => ar,
             found => {
                 let reason = match found {
-                    Some(Err(why)) => why,
+                    Some(Err(why)) => why.to_string(),
                     _ => "not a declared child kind".to_owned(),
                 };
                 plan.skipped.push(Skipped {
@@ -278,14 +278,14 @@ pub(crate) mod tests {
     /// The caches as a test sets them.
     #[derive(Default)]
     pub(crate) struct Caches {
-        pub(crate) targets: BTreeMap<String, Result<ApiResource, String>>,
+        pub(crate) targets: BTreeMap<String, Result<ApiResource, Unserved>>,
         pub(crate) live: BTreeMap<(String, String, String), Arc<LiveChild>>,
         pub(crate) applied: BTreeMap<String, Applied>,
         pub(crate) unlisted: BTreeSet<String>,
     }
 
     impl View for Caches {
-        fn target(&self, gvk: &str) -> Option<Result<ApiResource, String>> {
+        fn target(&self, gvk: &str) -> Option<Result<ApiResource, Unserved>> {
             self.targets.get(gvk).cloned()
         }
         fn live(&self, kind_key: &str, namespace: &str, name: &str) -> Option<Arc<LiveChild>> {
@@ -322,7 +322,10 @@ pub(crate) mod tests {
         );
         c.targets.insert(
             "monitoring.coreos.com/v1/ServiceMonitor".into(),
-            Err("its CRD is not installed".into()),
+            Err(Unserved::NotServed {
+                api_version: "monitoring.coreos.com/v1".into(),
+                kind: "ServiceMonitor".into(),
+            }),
         );
         c
     }
