@@ -41,11 +41,13 @@ use crate::registry::Registry;
 use crate::types::Context;
 
 mod access;
+mod book;
 mod install;
 mod prepare;
 mod standby;
 mod status;
 
+use book::{Ask, Book};
 use prepare::*;
 pub(crate) use standby::Standby;
 
@@ -125,17 +127,6 @@ pub(crate) struct Prepared {
 /// and the result.
 type Outcome = (String, u64, Box<Result<Prepared, Refusal>>);
 
-/// A preparation in flight: what it was asked for, so that only a result for what the Plugin
-/// still asks is served.
-struct Preparing {
-    /// Unique per preparation (a Plugin deleted and created again starts its generations anew).
-    ticket: u64,
-    uid: String,
-    digest: Option<String>,
-    limits: Limits,
-    task: tokio::task::JoinHandle<()>,
-}
-
 /// The state of live loading: the plugins given at start, and those loaded since.
 struct Loader {
     shared: Arc<Shared>,
@@ -146,21 +137,12 @@ struct Loader {
     /// since extends.
     base: Arc<Registry>,
     loaded: BTreeMap<String, Loaded>,
-    /// Failures in a row per Plugin, for backoff.
-    failures: BTreeMap<String, u32>,
-    /// The generation of each Plugin last acted on, and whether it is served as asked: the same
-    /// generation again (the echo of our own status write, a relist) is no news.
-    attempted: BTreeMap<String, (i64, bool)>,
     /// What this replica made ready while it stood by, taken as each Plugin is first synced.
     prefetched: BTreeMap<String, Prepared>,
-    /// The Plugins whose plugin is being prepared.
-    preparing: BTreeMap<String, Preparing>,
-    /// The last ticket given to a preparation.
-    tickets: u64,
+    /// What was acted on, what is being prepared, failures and retries.
+    book: Book<tokio::task::JoinHandle<()>>,
     /// Where what was prepared comes back.
     done: mpsc::UnboundedSender<Outcome>,
-    /// The Plugins with a retry on its way.
-    pending: std::collections::BTreeSet<String>,
     retry: mpsc::UnboundedSender<String>,
 }
 
@@ -191,13 +173,9 @@ pub(crate) fn serve(
         controllers,
         live,
         loaded: BTreeMap::new(),
-        failures: BTreeMap::new(),
-        attempted: BTreeMap::new(),
         prefetched,
-        preparing: BTreeMap::new(),
-        tickets: 0,
+        book: Book::default(),
         done: finished,
-        pending: std::collections::BTreeSet::new(),
         retry,
     };
     let task = tokio::spawn(async move {
@@ -222,14 +200,14 @@ pub(crate) fn serve(
                 }
                 Item::Event(e) => loader.event(&store, *e, &mut listed).await,
                 Item::Retry(name) => {
-                    loader.pending.remove(&name);
+                    loader.book.retried(&name);
                     if let Some(o) = current(&store, &name) {
                         loader.sync(&o, true).await;
                     }
                 }
             }
             if listed
-                && loader.preparing.is_empty()
+                && !loader.book.is_preparing()
                 && let Some(first) = first_list.take()
             {
                 first.done();
@@ -238,10 +216,6 @@ pub(crate) fn serve(
     });
     (task, done)
 }
-
-/// How often a Plugin refused for a reason that retrying alone does not change (a rule missing,
-/// a Kind another serves) is looked at again.
-const STALLED_RETRY: Duration = Duration::from_secs(300);
 
 /// The Plugin named `name`, as the watch shows it now.
 fn current(store: &Store<DynamicObject>, name: &str) -> Option<Arc<DynamicObject>> {
@@ -288,31 +262,19 @@ impl Loader {
     async fn sync(&mut self, o: &DynamicObject, again: bool) {
         let name = o.name_any();
         let generation = o.metadata.generation.unwrap_or(0);
-        if !again
-            && self
-                .attempted
-                .get(&name)
-                .is_some_and(|(g, _)| *g == generation)
+        if !self.book.is_news(&name, generation, again) {
+            return;
+        }
+        let wanted = self.wanted(o);
+        // What is being prepared for this very spec goes on; anything else being prepared for
+        // the Plugin is no longer asked for.
+        if self
+            .book
+            .keep_preparing(&name, wanted.as_ref().ok().map(|(_, _, ask)| ask))
         {
             return;
         }
-        let spec = o.data.get("spec").cloned().unwrap_or(Value::Null);
-        let uid = o.metadata.uid.clone().unwrap_or_default();
-        let wanted = wanted(&self.live, &spec);
-        // What is being prepared for this very spec goes on; anything else being prepared for
-        // the Plugin is no longer asked for.
-        if let Some(p) = self.preparing.get(&name) {
-            let same = wanted
-                .as_ref()
-                .is_ok_and(|(r, l)| p.uid == uid && p.digest == r.digest && p.limits == *l);
-            if same && !p.task.is_finished() {
-                return;
-            }
-            if let Some(stale) = self.preparing.remove(&name) {
-                stale.task.abort();
-            }
-        }
-        let (reference, limits) = match wanted {
+        let (reference, limits, ask) = match wanted {
             Ok(w) => w,
             Err(refusal) => return self.settle(o, Err(refusal)).await,
         };
@@ -331,31 +293,30 @@ impl Loader {
             let result = self.serve_prepared(&name, p).await;
             return self.settle(o, result).await;
         }
-        self.tickets += 1;
-        let ticket = self.tickets;
         let (live, ctx, done) = (
             self.live.clone(),
             self.base.context().clone(),
             self.done.clone(),
         );
-        let digest = reference.digest.clone();
-        let task = {
+        self.book.prepare(&name, ask, |ticket| {
             let name = name.clone();
             tokio::spawn(async move {
                 let result = prepare(&live, &ctx, &name, reference, limits).await;
                 let _ = done.unbounded_send((name, ticket, Box::new(result)));
             })
+        });
+    }
+
+    /// What the Plugin `o` asks for: the reference and limits, and the ask they make.
+    fn wanted(&self, o: &DynamicObject) -> Result<(Reference, Limits, Ask), Refusal> {
+        let spec = o.data.get("spec").cloned().unwrap_or(Value::Null);
+        let (reference, limits) = wanted(&self.live, &spec)?;
+        let ask = Ask {
+            uid: o.metadata.uid.clone().unwrap_or_default(),
+            digest: reference.digest.clone(),
+            limits,
         };
-        self.preparing.insert(
-            name,
-            Preparing {
-                ticket,
-                uid,
-                digest,
-                limits,
-                task,
-            },
-        );
+        Ok((reference, limits, ask))
     }
 
     /// Goes on with a Plugin whose plugin was prepared (or could not be), if it still asks
@@ -367,23 +328,16 @@ impl Loader {
         ticket: u64,
         result: Result<Prepared, Refusal>,
     ) {
-        let Some(asked) = self.preparing.remove(name) else {
+        // A newer preparation may have replaced the one this result is from.
+        let Some(asked) = self.book.finished(name, ticket) else {
             return;
         };
-        if asked.ticket != ticket {
-            // A newer preparation replaced the one this result is from.
-            self.preparing.insert(name.to_owned(), asked);
-            return;
-        }
         // The Plugin as it is now must still ask for what was prepared (the same object, the
         // same image and limits).
         let Some(o) = current(store, name) else {
             return;
         };
-        let spec = o.data.get("spec").cloned().unwrap_or(Value::Null);
-        let still = o.metadata.uid.as_deref() == Some(asked.uid.as_str())
-            && wanted(&self.live, &spec)
-                .is_ok_and(|(r, l)| r.digest == asked.digest && l == asked.limits);
+        let still = self.wanted(&o).is_ok_and(|(_, _, ask)| ask == asked);
         if !still {
             self.sync(&o, true).await;
             return;
@@ -401,8 +355,7 @@ impl Loader {
         let generation = o.metadata.generation.unwrap_or(0);
         match result {
             Ok(changed) => {
-                self.failures.remove(&name);
-                self.attempted.insert(name.clone(), (generation, true));
+                self.book.served(&name, generation);
                 let loaded = &self.loaded[&name];
                 if changed {
                     tracing::info!(plugin = %name, image = %loaded.reference, "serving");
@@ -431,20 +384,7 @@ impl Loader {
                     None => message.push_str("; nothing of it is served"),
                 }
                 tracing::warn!(plugin = %name, reason = refusal.reason, "{message}");
-                let n = {
-                    let n = self.failures.entry(name.clone()).or_insert(0);
-                    *n += 1;
-                    *n
-                };
-                self.attempted.insert(name.clone(), (generation, false));
-                // What may pass when tried again is, with backoff; what will not pass until
-                // something else changes (a rule granted, another Plugin gone) is looked at
-                // again now and then, and at once when a Plugin goes.
-                let wait = if refusal.transient {
-                    super::backoff_delay(n)
-                } else {
-                    STALLED_RETRY
-                };
+                let wait = self.book.refused(&name, generation, refusal.transient);
                 self.retry_later(&name, wait);
                 // The status keeps saying what is served.
                 let status = self
@@ -459,7 +399,7 @@ impl Loader {
 
     /// Asks for the Plugin `name` to be synced again after `wait`, unless that is asked already.
     fn retry_later(&mut self, name: &str, wait: Duration) {
-        if !self.pending.insert(name.to_owned()) {
+        if !self.book.retry(name) {
             return;
         }
         let retry = self.retry.clone();
@@ -607,24 +547,13 @@ impl Loader {
     /// Stops serving the Plugin `name` (deleted): its controllers stop; its CRDs and resources
     /// stay.
     fn remove(&mut self, name: &str) {
-        if let Some(p) = self.preparing.remove(name) {
-            p.task.abort();
-        }
+        self.book.forget(name);
         self.prefetched.remove(name);
-        self.failures.remove(name);
-        self.attempted.remove(name);
         let Some(gone) = self.loaded.remove(name) else {
             return;
         };
         // A Plugin refused for claiming one of its Kinds may be served now.
-        let refused: Vec<String> = self
-            .attempted
-            .iter()
-            .filter(|(_, (_, ok))| !ok)
-            .map(|(n, _)| n.clone())
-            .collect();
-        for other in refused {
-            self.pending.remove(&other);
+        for other in self.book.retry_refused() {
             self.retry_later(&other, Duration::ZERO);
         }
         // Its controllers stop first: a render after the swap would find no plugin.

@@ -549,7 +549,10 @@ pub(crate) mod tests {
         let reasons: Vec<&str> = plan.skipped.iter().map(|s| s.reason.as_str()).collect();
         assert_eq!(
             reasons,
-            ["its CRD is not installed", "not a declared child kind"]
+            [
+                "the API server does not serve monitoring.coreos.com/v1 ServiceMonitor (is its CRD installed?)",
+                "not a declared child kind"
+            ]
         );
     }
 
