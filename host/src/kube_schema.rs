@@ -7,6 +7,8 @@ use k8s_openapi::api::{core::v1 as core, networking::v1 as networking};
 use k8s_openapi::apimachinery::pkg::{api::resource::Quantity, apis::meta::v1 as meta};
 use schemars::JsonSchema;
 use schemars::generate::SchemaSettings;
+use std::sync::OnceLock;
+
 use serde_json::{Value, json};
 
 use crate::types::KindInfo;
@@ -91,6 +93,26 @@ pub fn kubernetes_schema(definition: &str) -> Option<Value> {
     kubernetes_type(definition).map(|t| (t.schema)())
 }
 
+/// The Kubernetes type a `$ref` names (`#/definitions/NAME` or `#/components/schemas/NAME`),
+/// as a CRD inlines it: without descriptions, every list, map and string bounded. Made once per
+/// process: schemars builds a type's schema anew at each call, which for `PodSpec` takes
+/// milliseconds, and every plugin load checks its Kinds' references through these schemas.
+pub fn inlined(reference: &str) -> Option<&'static Value> {
+    static INLINED: [OnceLock<Value>; KUBERNETES_TYPES.len()] =
+        [const { OnceLock::new() }; KUBERNETES_TYPES.len()];
+    let name = reference
+        .trim_start_matches("#/definitions/")
+        .trim_start_matches("#/components/schemas/");
+    let i = KUBERNETES_TYPES.iter().position(|t| t.name == name)?;
+    let ty = KUBERNETES_TYPES.get(i)?;
+    Some(INLINED.get(i)?.get_or_init(|| {
+        let mut schema = (ty.schema)();
+        strip_descriptions(&mut schema);
+        bound(&mut schema, "");
+        schema
+    }))
+}
+
 /// Drops `description` everywhere below `v`: inlined Kubernetes types keep the CRD small enough
 /// for client-side `kubectl apply` (their documentation is `kubectl explain pod.spec`'s).
 fn strip_descriptions(v: &mut Value) {
@@ -165,16 +187,11 @@ pub fn inline_refs(v: &mut Value) -> std::result::Result<(), String> {
     match v {
         Value::Object(o) => {
             if let Some(Value::String(r)) = o.get("$ref") {
-                let name = r
-                    .trim_start_matches("#/definitions/")
-                    .trim_start_matches("#/components/schemas/");
-                let mut schema = kubernetes_schema(name).ok_or_else(|| r.clone())?;
-                strip_descriptions(&mut schema);
-                bound(&mut schema, "");
+                let schema = inlined(r).ok_or_else(|| r.clone())?;
                 o.remove("$ref");
                 if let Value::Object(s) = schema {
                     for (k, val) in s {
-                        o.entry(k).or_insert(val);
+                        o.entry(k.clone()).or_insert_with(|| val.clone());
                     }
                 }
                 return Ok(());

@@ -268,13 +268,10 @@ pub(super) fn plugin_info(
         })
         .collect();
     let mut kinds = kinds;
-    // Each Kind's schema with its Kubernetes types inlined, made once for all its references.
-    let mut inlined: Vec<Option<serde_json::Value>> = vec![None; kinds.len()];
     for r in references {
-        let Some((i, kind)) = kinds
+        let Some(kind) = kinds
             .iter_mut()
-            .enumerate()
-            .find(|(_, k)| k.group == r.group && k.kind == r.kind)
+            .find(|k| k.group == r.group && k.kind == r.kind)
         else {
             return Err(format!(
                 "references names {} ({}), which describe() does not",
@@ -286,14 +283,8 @@ pub(super) fn plugin_info(
             wit::ReferenceTarget::ConfigMap => ReferenceTarget::ConfigMap,
             wit::ReferenceTarget::ServiceAccount => ReferenceTarget::ServiceAccount,
         };
-        let schema = inlined[i].get_or_insert_with(|| {
-            let mut schema = kind.spec_schema.clone();
-            // A `$ref` no Kubernetes type answers stays, and the path through it is refused.
-            let _ = crate::kube_schema::inline_refs(&mut schema);
-            schema
-        });
         crate::policy::admission::check_path(&r.path)
-            .and_then(|()| crate::policy::admission::in_schema(schema, &r.path))
+            .and_then(|()| crate::policy::admission::in_schema(&kind.spec_schema, &r.path))
             .map_err(|e| format!("{}: {e}", kind.kind))?;
         kind.references.push(Reference {
             path: r.path,

@@ -253,11 +253,25 @@ pub fn check_path(path: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// `node`, or the Kubernetes type it names by `$ref`, as a CRD inlines it.
+fn resolved<'a>(node: &'a Value, path: &str) -> Result<&'a Value, String> {
+    match node.get("$ref").and_then(Value::as_str) {
+        Some(r) => crate::kube_schema::inlined(r).ok_or_else(|| {
+            format!(
+                "reference `{path}`: the spec's schema names {r}, which is not a Kubernetes type this host knows"
+            )
+        }),
+        None => Ok(node),
+    }
+}
+
 /// Checks that the field a reference's path (already checked by [`check_path`]) names is in the
-/// Kind's spec `schema` (its `$ref`s inlined), as a string, each `[]` on an array: a reference
-/// to a field the API server prunes would check nothing, and one through a non-list would fail.
+/// Kind's spec `schema`, as a string, each `[]` on an array: a reference to a field the API
+/// server prunes would check nothing, and one through a non-list would fail. A Kubernetes type
+/// the schema names by `$ref` is followed as the CRD inlines it.
 pub fn in_schema(schema: &Value, path: &str) -> Result<(), String> {
-    let mut node = schema;
+    let resolve = |node| resolved(node, path);
+    let mut node = resolve(schema)?;
     for segment in path.split('.').skip(1) {
         let (field, list) = match segment.strip_suffix("[]") {
             Some(field) => (field, true),
@@ -270,19 +284,20 @@ pub fn in_schema(schema: &Value, path: &str) -> Result<(), String> {
                 "reference `{path}`: `{field}` is under a field whose schema keeps unknown fields; declare its schema"
             ));
         }
-        node = node
-            .get("properties")
-            .and_then(|p| p.get(field))
-            .ok_or_else(|| {
-                format!("reference `{path}`: the spec's schema has no `{field}` there")
-            })?;
+        node = resolve(
+            node.get("properties")
+                .and_then(|p| p.get(field))
+                .ok_or_else(|| {
+                    format!("reference `{path}`: the spec's schema has no `{field}` there")
+                })?,
+        )?;
         if list {
             if node.get("type").and_then(Value::as_str) != Some("array") {
                 return Err(format!(
                     "reference `{path}`: `{field}` is not an array in the spec's schema"
                 ));
             }
-            node = node.get("items").unwrap_or(&Value::Null);
+            node = resolve(node.get("items").unwrap_or(&Value::Null))?;
         }
     }
     if node.get("type").and_then(Value::as_str) == Some("string") {
