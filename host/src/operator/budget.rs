@@ -10,6 +10,11 @@
 //! a namespace that floods the operator with resources waits behind its own calls, not in front
 //! of everyone else's: a resource of a quiet namespace is served after at most one call of each
 //! other waiting namespace.
+//!
+//! A namespace has only a few calls waiting at once; its other reconciliations leave their slot
+//! instead of waiting (they are *put off*, [`Budget::defer`]). Each call of the namespace served
+//! wakes one of them ([`Budget::on_wake`]), and the last wakes the rest, so that a burst in one
+//! namespace goes as fast as the budget serves it, not at the pace of a timer.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -28,11 +33,23 @@ pub struct OverBudget {
     pub budget: u64,
 }
 
+/// What wakes a reconciliation put off: given its namespace and key.
+type Wake = Box<dyn Fn(&str, &str) + Send + Sync>;
+
 /// The budget; see the module's documentation.
-#[derive(Debug)]
 pub struct Budget {
     total: u64,
     state: Mutex<State>,
+    wake: std::sync::OnceLock<Wake>,
+}
+
+impl std::fmt::Debug for Budget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Budget")
+            .field("total", &self.total)
+            .field("state", &self.state)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -49,6 +66,8 @@ struct State {
     /// Per namespace, the calls put off without waiting (by the caller's key), until they get
     /// their share: how long the next one is put off follows how many there are.
     deferred: BTreeMap<String, BTreeSet<String>>,
+    /// The calls put off to wake, once the lock is let go.
+    woken: Vec<(String, String)>,
 }
 
 #[derive(Debug)]
@@ -123,7 +142,27 @@ impl Budget {
                 free: total,
                 ..State::default()
             }),
+            wake: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Sets what wakes a call put off (by its namespace and key) when its namespace has room
+    /// again; set once.
+    pub fn on_wake(&self, wake: impl Fn(&str, &str) + Send + Sync + 'static) {
+        let _ = self.wake.set(Box::new(wake));
+    }
+
+    /// Serves waiting calls, then lets the lock go and wakes the calls put off that now have
+    /// room.
+    fn serve_and_wake(&self, mut state: std::sync::MutexGuard<'_, State>) {
+        serve(&mut state);
+        let woken = std::mem::take(&mut state.woken);
+        drop(state);
+        if let Some(wake) = self.wake.get() {
+            for (namespace, key) in &woken {
+                wake(namespace, key);
+            }
+        }
     }
 
     pub fn total(&self) -> u64 {
@@ -204,7 +243,16 @@ impl Budget {
                     granted: tx,
                 });
             // The namespace whose turn it is may be this one, and its call may fit now.
-            serve(&mut state);
+            let granted = {
+                serve(&mut state);
+                std::mem::take(&mut state.woken)
+            };
+            drop(state);
+            if let Some(wake) = self.wake.get() {
+                for (namespace, key) in &granted {
+                    wake(namespace, key);
+                }
+            }
             (id, rx)
         };
         let mut waiting = Waiting {
@@ -230,7 +278,7 @@ impl Budget {
     fn give_back(&self, bytes: u64) {
         let mut state = super::lock(&self.state);
         state.free = state.free.saturating_add(bytes).min(self.total);
-        serve(&mut state);
+        self.serve_and_wake(state);
     }
 }
 
@@ -257,7 +305,7 @@ fn serve(state: &mut State) {
         };
         let Some(bytes) = queue.front().map(|w| w.bytes) else {
             state.waiting.remove(&namespace);
-            state.deferred.remove(&namespace);
+            wake_all(state, &namespace);
             continue;
         };
         if bytes > state.free {
@@ -266,14 +314,31 @@ fn serve(state: &mut State) {
         let waiter = queue.pop_front();
         if queue.is_empty() {
             state.waiting.remove(&namespace);
-            state.deferred.remove(&namespace);
+            wake_all(state, &namespace);
         }
         if let Some(waiter) = waiter
             && waiter.granted.send(()).is_ok()
         {
             state.free -= bytes;
+            // Its place among the namespace's waiting calls goes to one put off.
+            if let Some(key) = state
+                .deferred
+                .get_mut(&namespace)
+                .and_then(BTreeSet::pop_first)
+            {
+                state.woken.push((namespace.clone(), key));
+            }
         }
         state.last = Some(namespace);
+    }
+}
+
+/// Wakes every call of `namespace` put off, and forgets them: it has no call waiting any more.
+fn wake_all(state: &mut State, namespace: &str) {
+    if let Some(keys) = state.deferred.remove(namespace) {
+        state
+            .woken
+            .extend(keys.into_iter().map(|k| (namespace.to_owned(), k)));
     }
 }
 
@@ -307,9 +372,9 @@ impl Drop for Waiting<'_> {
             .is_some_and(VecDeque::is_empty)
         {
             state.waiting.remove(self.namespace);
-            state.deferred.remove(self.namespace);
+            wake_all(&mut state, self.namespace);
         }
-        serve(&mut state);
+        self.budget.serve_and_wake(state);
     }
 }
 
@@ -449,6 +514,37 @@ mod tests {
         drop(served);
         drop(waiting_b);
         assert!(!budget.deferred("b", "x"));
+    }
+
+    #[tokio::test]
+    async fn each_call_served_wakes_one_put_off_and_the_last_wakes_the_rest() {
+        let budget = Budget::new(10);
+        let woken = Arc::new(Mutex::new(Vec::new()));
+        let seen = woken.clone();
+        budget.on_wake(move |ns, key| super::super::lock(&seen).push(format!("{ns}/{key}")));
+        let running = budget.take("a", 10).await.unwrap();
+        let mut first = Box::pin(budget.take("a", 10));
+        let mut second = Box::pin(budget.take("a", 10));
+        assert!(ready(&mut first).await.is_none() && ready(&mut second).await.is_none());
+        for key in ["x", "y", "z"] {
+            budget.defer("a", key);
+        }
+        drop(running);
+        let served = ready(&mut first).await.expect("served").unwrap();
+        assert_eq!(
+            *super::super::lock(&woken),
+            ["a/x"],
+            "its place among the waiting goes to one put off"
+        );
+        drop(served);
+        let last = ready(&mut second).await.expect("served").unwrap();
+        assert_eq!(
+            *super::super::lock(&woken),
+            ["a/x", "a/y", "a/z"],
+            "no call of `a` waits any more: every one put off is woken"
+        );
+        assert!(!budget.deferred("a", "z"));
+        drop(last);
     }
 
     #[tokio::test]

@@ -422,7 +422,7 @@ pub(crate) fn watch_children(
 }
 
 /// Asks the controller of each of `resources` (those of a Kind we serve) to reconcile it.
-fn wake(owners: &Owners, resources: BTreeSet<OwnerId>) {
+pub(crate) fn wake(owners: &Owners, resources: BTreeSet<OwnerId>) {
     if resources.is_empty() {
         return;
     }

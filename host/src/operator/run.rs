@@ -330,5 +330,9 @@ pub(super) async fn setup(
         rules: settings.rules.clone(),
         levels: Mutex::new(BTreeMap::new()),
     };
+    let owners = shared.owners.clone();
+    shared.budget.on_wake(move |namespace, key| {
+        super::reconcile::wake_put_off(&owners, namespace, key);
+    });
     Ok((shared, writers))
 }

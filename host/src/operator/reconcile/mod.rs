@@ -45,6 +45,7 @@ use apply::*;
 use outcome::*;
 use plan::*;
 use prune::*;
+pub(crate) use render::wake_put_off;
 use render::*;
 
 /// How often a resource is rendered again with no event (a resync).

@@ -3,10 +3,21 @@
 
 use super::*;
 
-/// How a resource is known to the budget among the calls of its namespace put off: its
-/// controller (which names its Kind and group) and its name.
+/// How a resource is known to the budget among the calls of its namespace put off: its Kind
+/// (`apiVersion/Kind`, as its controller is found to wake it) and its name, a line apart.
 pub(super) fn budget_key(ctx: &KindCtx, name: &str) -> String {
-    format!("{} {name}", ctx.controller)
+    format!("{}/{}\n{name}", ctx.ar.api_version, ctx.ar.kind)
+}
+
+/// Wakes the resource a budget key names ([`budget_key`]) in `namespace`: its namespace has
+/// room again among the calls waiting for the budget.
+pub(crate) fn wake_put_off(owners: &super::super::children::Owners, namespace: &str, key: &str) {
+    if let Some((kind, name)) = key.split_once('\n') {
+        super::super::children::wake(
+            owners,
+            BTreeSet::from([(kind.to_owned(), namespace.to_owned(), name.to_owned())]),
+        );
+    }
 }
 
 /// The share of the memory budget one call of the resource's plugin may need, taken in the turn
