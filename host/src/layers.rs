@@ -9,7 +9,7 @@ pub const LAYERS: &[&[&str]] = &[
     // What the operator's objects are and how they are owned; Kubernetes schemas; registries.
     &["api", "ownership", "kube_schema", "oci"],
     &["error"],
-    &["documents", "schema", "policy"],
+    &["documents", "schema", "policy", "signature"],
     // The sandbox.
     &["plugin"],
     // Which plugin serves which Kind, and the checks of what they render.

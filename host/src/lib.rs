@@ -38,6 +38,7 @@ pub mod publish;
 pub mod rbac;
 pub mod registry;
 pub mod schema;
+pub mod signature;
 pub mod units;
 
 /// The plain types shared with guests (`guest-kit`).

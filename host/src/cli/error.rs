@@ -51,6 +51,23 @@ pub enum Error {
     #[cfg(feature = "dev")]
     #[error(transparent)]
     Dev(#[from] crate::dev::Error),
+    /// `host verify` was given nothing to trust.
+    #[error(
+        "nothing is trusted: give --key, or --trusted-root with --certificate-identity and --certificate-oidc-issuer"
+    )]
+    NothingTrusted,
+    /// Signatures could not be checked, or none counts.
+    #[error(transparent)]
+    Signature(#[from] crate::signature::Error),
+    /// A file could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// Standard output could not be written.
     #[error("cannot write output: {0}")]
     Output(#[source] std::io::Error),
@@ -74,6 +91,11 @@ impl Error {
     pub fn exit_code(&self) -> ExitCode {
         match self {
             Self::Operator(_) => ExitCode::FAILURE,
+            // Verified, and not signed as trusted.
+            Self::Signature(
+                crate::signature::Error::Unsigned { .. }
+                | crate::signature::Error::Untrusted { .. },
+            ) => ExitCode::FAILURE,
             #[cfg(feature = "dev")]
             Self::Dev(_) => ExitCode::FAILURE,
             _ => ExitCode::from(2),

@@ -24,6 +24,7 @@ mod push;
 mod rbac;
 mod render;
 mod run;
+mod verify;
 
 pub use admission::AdmissionArgs;
 pub use args::{PluginArgs, PolicyArgs, RegistryArgs, SandboxArgs, SubjectArgs};
@@ -39,6 +40,7 @@ pub use push::PushArgs;
 pub use rbac::RbacArgs;
 pub use render::RenderArgs;
 pub use run::RunArgs;
+pub use verify::VerifyArgs;
 
 /// What `host --version` prints: the host's version, the wasmtime it embeds, the contract
 /// (WIT package) it speaks, and the sha256 of each built-in plugin.
@@ -110,6 +112,11 @@ pub enum Command {
     /// Say what a plugin is: its Kinds, the child kinds it may emit, its contract, digest, size,
     /// imports and exports; from a file or a registry.
     Inspect(InspectArgs),
+    /// Verify a plugin's signatures in its registry (cosign's `.sig` signatures and Sigstore
+    /// bundles) against public keys, or certificate authorities and the identity a certificate
+    /// must name; offline but for the registry. Exit 0: signed by what is trusted; 1: not; 2:
+    /// the check could not run.
+    Verify(VerifyArgs),
     /// Preview what `host run` would change in the cluster (the current kubeconfig's): each
     /// resource rendered as the operator renders it, each child sent as a server-side apply dry
     /// run under the operator's field manager and compared with the live object, and what it
@@ -163,6 +170,7 @@ impl Cli {
             Command::Push(args) => push::run(&args),
             Command::Pull(args) => pull::run(&args),
             Command::Inspect(args) => inspect::run(&args),
+            Command::Verify(args) => verify::run(&args),
             Command::Diff(args) => diff::run(&args),
             #[cfg(feature = "dev")]
             Command::Dev(args) => dev::run(&args),

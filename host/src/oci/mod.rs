@@ -442,6 +442,42 @@ pub async fn pull(
     })
 }
 
+/// `reference` pinned to the digest of the manifest it names now: itself when it names a digest,
+/// else the registry's answer for its tag (the manifest fetched and hashed, not taken on the
+/// registry's word).
+pub async fn resolve(reference: &Reference, options: &Options) -> Result<Reference, Error> {
+    if reference.digest.is_some() {
+        return Ok(reference.clone());
+    }
+    let client = Client::connect(reference, options, false).await?;
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        header::ACCEPT,
+        HeaderValue::from_static(
+            "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.index.v1+json;q=0.5",
+        ),
+    );
+    let answer = client
+        .send(
+            Method::GET,
+            &client.path("manifests", reference.target()),
+            headers,
+            Bytes::new(),
+            client::MAX_MANIFEST,
+        )
+        .await?;
+    if answer.status == StatusCode::NOT_FOUND {
+        return Err(Error::NotAPlugin {
+            reference: reference.to_string(),
+            why: format!("no such manifest in {}", reference.registry),
+        });
+    }
+    if !answer.status.is_success() {
+        return Err(client.unexpected(&format!("getting {reference}"), &answer));
+    }
+    Ok(reference.pinned(&digest(&answer.body)))
+}
+
 /// The Wasm layer of a manifest (its digest and size) and its media type.
 fn wasm_layer(
     reference: &dyn std::fmt::Display,

@@ -19,4 +19,5 @@ mod reporting;
 mod roundtrip;
 mod sandbox;
 mod security;
+mod signatures;
 mod support;

@@ -1,0 +1,246 @@
+//! Signatures of plugins, verified before a plugin runs: who built the bytes a digest names.
+//!
+//! Two formats, both as cosign stores them beside the artifact in its registry:
+//!
+//! - the **cosign signature**: an image manifest tagged `sha256-<hex>.sig` whose layers are
+//!   "simple signing" payloads naming the artifact's digest, each with its signature (and, when
+//!   signed with a certificate, the certificate and its chain) in annotations;
+//! - the **Sigstore bundle** (cosign 3's default): a referrer of the artifact (found through the
+//!   registry's referrers API, or the `sha256-<hex>` tag of the referrers tag schema) whose one
+//!   layer is a bundle: a DSSE envelope of an in-toto statement naming the artifact's digest, or
+//!   a message signature over it, with the public key's hint or the certificate.
+//!
+//! A signature counts when it names this very digest and was made with a trusted public key, or
+//! with a certificate that chains to a trusted root for code signing and names a trusted
+//! identity (subject and OIDC issuer, as `cosign verify --certificate-identity
+//! --certificate-oidc-issuer`). Nothing is fetched but from the artifact's registry: no
+//! transparency log, no Fulcio, no TUF; a certificate is checked against the time of the check
+//! (a Fulcio certificate, valid for ten minutes, needs a transparency log's timestamp to be
+//! checked later, which the host does not consult: see docs/security.md).
+
+mod fetch;
+mod trust;
+
+pub use trust::{Identity, PublicKey, Roots};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use serde_json::Value;
+
+use crate::oci::{self, Reference};
+
+/// Why signatures could not be checked, or did not satisfy what is trusted.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The registry could not be asked.
+    #[error(transparent)]
+    Registry(#[from] oci::Error),
+    /// The artifact is not named by digest: what a signature signs is a digest.
+    #[error("{reference} is not named by digest: signatures are checked against a digest")]
+    NotPinned { reference: String },
+    /// No signature was found.
+    #[error("{reference} is not signed (no cosign signature or Sigstore bundle in its registry)")]
+    Unsigned { reference: String },
+    /// Signatures were found; none was made by what is trusted.
+    #[error("{reference} has no signature of a trusted signer: {}", .reasons.join("; "))]
+    Untrusted {
+        reference: String,
+        /// Why each signature found does not count.
+        reasons: Vec<String>,
+    },
+    /// A public key cannot be used.
+    #[error("key {origin}: {why}")]
+    Key { origin: String, why: String },
+    /// Certificate authorities cannot be used.
+    #[error("trusted roots {origin}: {why}")]
+    Roots { origin: String, why: String },
+}
+
+/// What signatures are checked against: keys, and roots with the identities they may vouch for.
+#[derive(Debug, Clone, Default)]
+pub struct Trusted {
+    pub keys: Vec<PublicKey>,
+    pub roots: Vec<Roots>,
+    /// The identities whose certificates (from `roots`) count.
+    pub identities: Vec<Identity>,
+}
+
+impl Trusted {
+    /// Whether nothing is trusted (every signature would be refused).
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty() && (self.roots.is_empty() || self.identities.is_empty())
+    }
+}
+
+/// Who made a signature that counts.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Signer {
+    /// A trusted public key: where it came from and its fingerprint.
+    Key { source: String, fingerprint: String },
+    /// A certificate of a trusted root naming a trusted identity.
+    Certificate(Identity),
+}
+
+impl std::fmt::Display for Signer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Key {
+                source,
+                fingerprint,
+            } => write!(f, "key {source} ({fingerprint})"),
+            Self::Certificate(identity) => write!(f, "certificate of {identity}"),
+        }
+    }
+}
+
+/// A signature that counts: who made it and in which format.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Verified {
+    pub signer: Signer,
+    /// `cosign` (a `.sig` signature) or `bundle` (a Sigstore bundle).
+    pub format: &'static str,
+}
+
+/// A signature as found in the registry, before it is checked.
+#[derive(Debug, Clone)]
+pub(crate) struct Found {
+    /// Where it was found (the manifest's digest), for messages.
+    pub place: String,
+    /// What was signed (the simple-signing payload, or DSSE's pre-authentication encoding).
+    pub signed: Vec<u8>,
+    /// The digest the signed statement names.
+    pub names: Option<String>,
+    pub signature: Vec<u8>,
+    /// The signing certificate (DER) and its chain (DER), when signed with one.
+    pub certificate: Option<(Vec<u8>, Vec<Vec<u8>>)>,
+    pub format: &'static str,
+}
+
+/// The signatures of `reference` (named by digest) that `trusted` accepts; an error says why
+/// there are none.
+pub async fn verify(
+    reference: &Reference,
+    options: &oci::Options,
+    trusted: &Trusted,
+) -> Result<Vec<Verified>, Error> {
+    let Some(digest) = reference.digest.clone() else {
+        return Err(Error::NotPinned {
+            reference: reference.to_string(),
+        });
+    };
+    let found = fetch::signatures(reference, &digest, options).await?;
+    judge(&reference.to_string(), &digest, &found, trusted)
+}
+
+/// Which of the signatures `found` for `digest` count under `trusted`.
+pub(crate) fn judge(
+    reference: &str,
+    digest: &str,
+    found: &[Found],
+    trusted: &Trusted,
+) -> Result<Vec<Verified>, Error> {
+    if found.is_empty() {
+        return Err(Error::Unsigned {
+            reference: reference.to_owned(),
+        });
+    }
+    let mut verified = Vec::new();
+    let mut reasons = Vec::new();
+    for f in found {
+        match check(digest, f, trusted) {
+            Ok(signer) => {
+                let v = Verified {
+                    signer,
+                    format: f.format,
+                };
+                if !verified.contains(&v) {
+                    verified.push(v);
+                }
+            }
+            Err(why) => reasons.push(format!("{} {}: {why}", f.format, f.place)),
+        }
+    }
+    if verified.is_empty() {
+        return Err(Error::Untrusted {
+            reference: reference.to_owned(),
+            reasons,
+        });
+    }
+    Ok(verified)
+}
+
+/// Who made `f`, if it signs `digest` and was made by what is trusted.
+fn check(digest: &str, f: &Found, trusted: &Trusted) -> Result<Signer, String> {
+    match &f.names {
+        Some(named) if named == digest => {}
+        Some(named) => return Err(format!("signs {named}, not {digest}")),
+        None => return Err("names no digest".into()),
+    }
+    match &f.certificate {
+        None => trusted
+            .keys
+            .iter()
+            .find(|k| k.verifies(&f.signed, &f.signature))
+            .map(|k| Signer::Key {
+                source: k.source.clone(),
+                fingerprint: k.fingerprint(),
+            })
+            .ok_or_else(|| {
+                if trusted.keys.is_empty() {
+                    "made with a key, and no key is trusted".to_owned()
+                } else {
+                    "not made with any trusted key".to_owned()
+                }
+            }),
+        Some((leaf, chain)) => {
+            // A certificate's key may also be trusted as a key (cosign signs with a key and
+            // attaches a certificate for it).
+            if let Some(k) = trusted
+                .keys
+                .iter()
+                .find(|k| k.verifies(&f.signed, &f.signature))
+            {
+                return Ok(Signer::Key {
+                    source: k.source.clone(),
+                    fingerprint: k.fingerprint(),
+                });
+            }
+            if trusted.roots.is_empty() {
+                return Err(
+                    "made with a certificate, and no certificate authority is trusted".into(),
+                );
+            }
+            let mut why = Vec::new();
+            for roots in &trusted.roots {
+                match roots.verify(leaf, chain, &f.signed, &f.signature) {
+                    Ok(identity) if trusted.identities.contains(&identity) => {
+                        return Ok(Signer::Certificate(identity));
+                    }
+                    Ok(identity) => why.push(format!(
+                        "the certificate names {identity}, not a trusted identity"
+                    )),
+                    Err(e) => why.push(e),
+                }
+            }
+            why.dedup();
+            Err(why.join("; "))
+        }
+    }
+}
+
+/// Decodes standard base64, naming `what` when it is not.
+fn base64(what: &str, text: &str) -> Result<Vec<u8>, String> {
+    BASE64
+        .decode(text.trim())
+        .map_err(|e| format!("{what} is not base64: {e}"))
+}
+
+/// The string at `pointer` in `v`.
+fn str_at<'a>(v: &'a Value, pointer: &str) -> Option<&'a str> {
+    v.pointer(pointer).and_then(Value::as_str)
+}
+
+#[cfg(test)]
+mod tests;
