@@ -94,13 +94,19 @@ fn key_pair(dir: &Path, name: &str) -> PathBuf {
 /// Signs `reference` with the key in `keys`, as a `.sig` signature, offline; with `certificate`
 /// (and its chain) when given.
 fn sign(keys: &Path, reference: &str, certificate: Option<(&Path, &Path)>) {
+    sign_as(keys, reference, certificate, false);
+}
+
+/// As [`sign`], as a Sigstore bundle (a referrer of the artifact) when `bundle`.
+fn sign_as(keys: &Path, reference: &str, certificate: Option<(&Path, &Path)>, bundle: bool) {
+    let format = format!("--new-bundle-format={bundle}");
     let mut args = vec![
         "sign",
         "--key",
         "cosign.key",
         "--tlog-upload=false",
         "--use-signing-config=false",
-        "--new-bundle-format=false",
+        &format,
         "--allow-http-registry",
         "--yes",
     ];
