@@ -150,12 +150,14 @@ fn file_inner(
         progress();
         match documents::resource(&doc.value) {
             Err(e) => {
-                names_field(&e, &["apiVersion", "kind", "metadata", "spec"]).map_err(|why| {
-                    Failure::new(
-                        "unnamed-field",
-                        format!("document {}: `{e}`: {why}", doc.index),
-                    )
-                })?;
+                field_ok(&e.field, &["apiVersion", "kind", "metadata", "spec"])
+                    .and_then(|()| message_ok(&e.problem))
+                    .map_err(|why| {
+                        Failure::new(
+                            "unnamed-field",
+                            format!("document {}: `{e}`: {why}", doc.index),
+                        )
+                    })?;
                 outcome.refused += 1;
             }
             Ok(resource) => match resource_render(checker, &resource)? {
@@ -213,14 +215,7 @@ fn names_file(error: &str, path: &str) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Whether `error` (`field: message`) starts with a field path under one of `roots`, of sane
-/// length.
-fn names_field(error: &str, roots: &[&str]) -> Result<(), String> {
-    let (field, message) = error.split_once(": ").unwrap_or((error, ""));
-    field_ok(field, roots)?;
-    message_ok(message)
-}
-
+/// Whether `field` is a field path under one of `roots`, of sane length.
 fn field_ok(field: &str, roots: &[&str]) -> Result<(), String> {
     if field.is_empty() {
         return Err("no field is named".into());
