@@ -99,11 +99,16 @@ pub(super) fn run(args: &VerifyArgs) -> Result<ExitCode, Error> {
     let trusted = trusted(args)?;
     let reference = crate::oci::Reference::parse(&args.reference)?;
     let options = args.registries.options()?;
-    let (pinned, result) = super::runtime(None)?.block_on(async {
+    let resolved = super::runtime(None)?.block_on(async {
         let pinned = crate::oci::resolve(&reference, &options).await?;
         let result = signature::verify(&pinned, &options, &trusted).await;
         Ok::<_, Error>((pinned, result))
-    })?;
+    });
+    let (pinned, result) = match resolved {
+        Ok(done) => done,
+        Err(e) if args.output == ReportFormat::Json => return json_failure(&reference, e),
+        Err(e) => return Err(e),
+    };
     let failed = match &result {
         Ok(_) => None,
         Err(signature::Error::Unsigned { .. } | signature::Error::Untrusted { .. }) => {
@@ -118,6 +123,9 @@ pub(super) fn run(args: &VerifyArgs) -> Result<ExitCode, Error> {
                 return Err(Error::Signature(e));
             }
             Vec::new()
+        }
+        Err(e) if args.output == ReportFormat::Json => {
+            return json_failure(&pinned, Error::Signature(e));
         }
         Err(e) => return Err(Error::Signature(e)),
     };
@@ -147,4 +155,20 @@ pub(super) fn run(args: &VerifyArgs) -> Result<ExitCode, Error> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// With `-o json`, a check that could not run is reported too (and exits 2).
+fn json_failure(reference: &crate::oci::Reference, e: Error) -> Result<ExitCode, Error> {
+    eprintln!("error: {e}");
+    let report = Report {
+        reference: format!("{}{reference}", crate::oci::SCHEME),
+        verified: false,
+        signatures: Vec::new(),
+        error: Some(e.to_string()),
+    };
+    emit(&format!(
+        "{}\n",
+        serde_json::to_string_pretty(&report).map_err(Error::Report)?
+    ))?;
+    Ok(e.exit_code())
 }

@@ -451,10 +451,12 @@ pub async fn resolve(reference: &Reference, options: &Options) -> Result<Referen
     }
     let client = Client::connect(reference, options, false).await?;
     let mut headers = HeaderMap::new();
+    // Every kind of manifest a tag may name: a registry that is not offered the kind a tag
+    // names may answer with another (a platform's manifest for an index), of another digest.
     headers.insert(
         header::ACCEPT,
         HeaderValue::from_static(
-            "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.index.v1+json;q=0.5",
+            "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.index.v1+json, application/vnd.docker.distribution.manifest.list.v2+json",
         ),
     );
     let answer = client

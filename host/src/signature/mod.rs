@@ -7,8 +7,10 @@
 //!   signed with a certificate, the certificate and its chain) in annotations;
 //! - the **Sigstore bundle** (cosign 3's default): a referrer of the artifact (found through the
 //!   registry's referrers API, or the `sha256-<hex>` tag of the referrers tag schema) whose one
-//!   layer is a bundle: a DSSE envelope of an in-toto statement naming the artifact's digest, or
-//!   a message signature over it, with the public key's hint or the certificate.
+//!   layer is a bundle: a DSSE envelope of an in-toto statement of cosign's signing predicate
+//!   (`https://sigstore.dev/cosign/sign/v1`; an attestation of anything else is no signature)
+//!   naming the artifact's digest, with the public key's hint or the certificate. Bundles of a
+//!   message signature are not read (cosign signs images with DSSE).
 //!
 //! A signature counts when it names this very digest and was made with a trusted public key, or
 //! with a certificate that chains to a trusted root for code signing and names a trusted
@@ -54,6 +56,12 @@ pub enum Error {
     /// Certificate authorities cannot be used.
     #[error("trusted roots {origin}: {why}")]
     Roots { origin: String, why: String },
+    /// The registry took longer than the whole check may.
+    #[error("the signatures of {reference} could not be read within {limit:?}")]
+    Deadline {
+        reference: String,
+        limit: std::time::Duration,
+    },
 }
 
 /// What signatures are checked against: keys, and roots with the identities they may vouch for.
@@ -61,7 +69,9 @@ pub enum Error {
 pub struct Trusted {
     pub keys: Vec<PublicKey>,
     pub roots: Vec<Roots>,
-    /// The identities whose certificates (from `roots`) count.
+    /// The identities whose certificates count, from any of `roots` (one set for the command
+    /// line; a policy that binds identities to their own roots is to come with
+    /// `--plugin-signatures`).
     pub identities: Vec<Identity>,
 }
 
@@ -110,9 +120,12 @@ pub(crate) struct Found {
     pub place: String,
     /// What was signed (the simple-signing payload, or DSSE's pre-authentication encoding).
     pub signed: Vec<u8>,
-    /// The digest the signed statement names.
-    pub names: Option<String>,
-    pub signature: Vec<u8>,
+    /// The digests the signed statement names.
+    pub names: Vec<String>,
+    /// The signatures over `signed` (DSSE may hold several).
+    pub signatures: Vec<Vec<u8>>,
+    /// Why it could not be read, when it could not (one bad entry does not hide the others).
+    pub problem: Option<String>,
     /// The signing certificate (DER) and its chain (DER), when signed with one.
     pub certificate: Option<(Vec<u8>, Vec<Vec<u8>>)>,
     pub format: &'static str,
@@ -130,7 +143,15 @@ pub async fn verify(
             reference: reference.to_string(),
         });
     };
-    let found = fetch::signatures(reference, &digest, options).await?;
+    // However a registry answers (slowly, through redirects, with many entries), the whole
+    // check ends.
+    let limit = options.timeout.saturating_mul(4);
+    let found = tokio::time::timeout(limit, fetch::signatures(reference, &digest, options))
+        .await
+        .map_err(|_| Error::Deadline {
+            reference: reference.to_string(),
+            limit,
+        })??;
     judge(&reference.to_string(), &digest, &found, trusted)
 }
 
@@ -173,16 +194,22 @@ pub(crate) fn judge(
 
 /// Who made `f`, if it signs `digest` and was made by what is trusted.
 fn check(digest: &str, f: &Found, trusted: &Trusted) -> Result<Signer, String> {
-    match &f.names {
-        Some(named) if named == digest => {}
-        Some(named) => return Err(format!("signs {named}, not {digest}")),
-        None => return Err("names no digest".into()),
+    if let Some(problem) = &f.problem {
+        return Err(problem.clone());
     }
+    if !f.names.iter().any(|n| n == digest) {
+        return Err(match f.names.first() {
+            Some(named) if oci::is_digest(named) => format!("signs {named}, not {digest}"),
+            Some(_) => "names something that is not a digest".into(),
+            None => "names no digest".into(),
+        });
+    }
+    let by_key = |k: &&PublicKey| f.signatures.iter().any(|s| k.verifies(&f.signed, s));
     match &f.certificate {
         None => trusted
             .keys
             .iter()
-            .find(|k| k.verifies(&f.signed, &f.signature))
+            .find(by_key)
             .map(|k| Signer::Key {
                 source: k.source.clone(),
                 fingerprint: k.fingerprint(),
@@ -197,11 +224,7 @@ fn check(digest: &str, f: &Found, trusted: &Trusted) -> Result<Signer, String> {
         Some((leaf, chain)) => {
             // A certificate's key may also be trusted as a key (cosign signs with a key and
             // attaches a certificate for it).
-            if let Some(k) = trusted
-                .keys
-                .iter()
-                .find(|k| k.verifies(&f.signed, &f.signature))
-            {
+            if let Some(k) = trusted.keys.iter().find(by_key) {
                 return Ok(Signer::Key {
                     source: k.source.clone(),
                     fingerprint: k.fingerprint(),
@@ -214,14 +237,16 @@ fn check(digest: &str, f: &Found, trusted: &Trusted) -> Result<Signer, String> {
             }
             let mut why = Vec::new();
             for roots in &trusted.roots {
-                match roots.verify(leaf, chain, &f.signed, &f.signature) {
-                    Ok(identity) if trusted.identities.contains(&identity) => {
-                        return Ok(Signer::Certificate(identity));
+                for signature in &f.signatures {
+                    match roots.verify(leaf, chain, &f.signed, signature) {
+                        Ok(named) => match named.matching(&trusted.identities) {
+                            Some(identity) => return Ok(Signer::Certificate(identity.clone())),
+                            None => why.push(format!(
+                                "the certificate names {named}, not a trusted identity"
+                            )),
+                        },
+                        Err(e) => why.push(e),
                     }
-                    Ok(identity) => why.push(format!(
-                        "the certificate names {identity}, not a trusted identity"
-                    )),
-                    Err(e) => why.push(e),
                 }
             }
             why.dedup();

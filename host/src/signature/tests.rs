@@ -64,10 +64,11 @@ fn cosign(signer: &Signer, digest: &str) -> Found {
     let signed = payload(digest);
     Found {
         place: "sha256:layer".into(),
-        signature: signer.sign(&signed),
+        signatures: vec![signer.sign(&signed)],
         signed,
-        names: Some(digest.into()),
+        names: vec![digest.into()],
         certificate: None,
+        problem: None,
         format: "cosign",
     }
 }
@@ -127,14 +128,45 @@ fn a_signature_counts_when_a_trusted_key_made_it_over_this_digest() {
 
 /// A test CA, and a certificate of it for `signer`'s key naming `subject` and `issuer`.
 fn certificate(signer: &Signer, subject: &str, issuer: &str) -> (Roots, Vec<u8>) {
+    let (roots, leaf, _) = issued(signer, subject, issuer, false, true);
+    (roots, leaf)
+}
+
+/// A test CA and a certificate for `signer`'s key naming `subject` and `issuer`: issued by the
+/// CA, or by an intermediate of it with no extended key usage (then returned too); for code
+/// signing or not.
+fn issued(
+    signer: &Signer,
+    subject: &str,
+    issuer: &str,
+    intermediate: bool,
+    code_signing: bool,
+) -> (Roots, Vec<u8>, Vec<Vec<u8>>) {
     let ca_key = KeyPair::generate().unwrap();
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     let ca = ca_params.self_signed(&ca_key).unwrap();
-    let ca_issuer = Issuer::new(ca_params, ca_key);
+    let mut ca_issuer = Issuer::new(ca_params, ca_key);
+    let mut chain = Vec::new();
+    if intermediate {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "intermediate");
+        let cert = params.signed_by(&key, &ca_issuer).unwrap();
+        chain.push(cert.der().to_vec());
+        ca_issuer = Issuer::new(params, key);
+    }
     let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.subject_alt_names = vec![SanType::URI(subject.try_into().unwrap())];
-    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::CodeSigning];
+    params.subject_alt_names = vec![
+        SanType::Rfc822Name("someone@ci.test".try_into().unwrap()),
+        SanType::URI(subject.try_into().unwrap()),
+    ];
+    if code_signing {
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::CodeSigning];
+    }
     // The OIDC issuer as Fulcio writes it: a DER UTF8String.
     let mut value = vec![0x0c, u8::try_from(issuer.len()).unwrap()];
     value.extend_from_slice(issuer.as_bytes());
@@ -144,7 +176,31 @@ fn certificate(signer: &Signer, subject: &str, issuer: &str) -> (Roots, Vec<u8>)
     )];
     let leaf = params.signed_by(&signer.rcgen, &ca_issuer).unwrap();
     let roots = Roots::from_bytes("ca.pem", ca.pem().as_bytes()).unwrap();
-    (roots, leaf.der().to_vec())
+    (roots, leaf.der().to_vec(), chain)
+}
+
+#[test]
+fn an_intermediate_without_extended_key_usage_passes_and_a_leaf_not_for_code_signing_does_not() {
+    let signer = Signer::new();
+    let identity = Identity {
+        subject: "https://ci.test/release".into(),
+        issuer: "https://issuer.test".into(),
+    };
+    let trusted = |roots: Roots| Trusted {
+        roots: vec![roots],
+        identities: vec![identity.clone()],
+        ..Trusted::default()
+    };
+    let (roots, leaf, chain) = issued(&signer, &identity.subject, &identity.issuer, true, true);
+    let mut found = cosign(&signer, DIGEST);
+    found.certificate = Some((leaf, chain));
+    judge("site", DIGEST, &[found], &trusted(roots)).expect("through an intermediate");
+
+    let (roots, leaf, _) = issued(&signer, &identity.subject, &identity.issuer, false, false);
+    let mut found = cosign(&signer, DIGEST);
+    found.certificate = Some((leaf, Vec::new()));
+    let e = judge("site", DIGEST, &[found], &trusted(roots)).unwrap_err();
+    assert!(e.to_string().contains("code signing"), "{e}");
 }
 
 #[test]
@@ -175,6 +231,15 @@ fn a_certificate_counts_when_it_chains_to_a_trusted_root_and_names_a_trusted_ide
     };
     let e = judge("site", DIGEST, std::slice::from_ref(&found), &other).unwrap_err();
     assert!(e.to_string().contains("not a trusted identity"), "{e}");
+    // Any subject the certificate names counts (it names an email first, then the URI).
+    let by_email = Trusted {
+        identities: vec![Identity {
+            subject: "someone@ci.test".into(),
+            issuer: "https://issuer.test".into(),
+        }],
+        ..trusted.clone()
+    };
+    judge("site", DIGEST, std::slice::from_ref(&found), &by_email).expect("any SAN");
 
     // The same identity from a root not trusted.
     let (stranger, _) = certificate(&signer, "https://ci.test/release", "https://issuer.test");
@@ -187,7 +252,7 @@ fn a_certificate_counts_when_it_chains_to_a_trusted_root_and_names_a_trusted_ide
 
     // A certificate whose key did not make the signature.
     let mut forged = found.clone();
-    forged.signature = Signer::new().sign(&forged.signed);
+    forged.signatures = vec![Signer::new().sign(&forged.signed)];
     let e = judge("site", DIGEST, &[forged], &trusted).unwrap_err();
     assert!(
         e.to_string()
@@ -218,15 +283,54 @@ fn a_bundle_signs_the_dsse_encoding_of_a_statement_naming_the_digest() {
         },
     });
     let found = bundle("sha256:bundle".into(), json.to_string().as_bytes());
-    assert_eq!(found.names.as_deref(), Some(DIGEST));
+    assert_eq!(found.names, [DIGEST]);
     let trusted = trusting(vec![signer.public_key("cosign.pub")]);
     let verified = judge("site", DIGEST, std::slice::from_ref(&found), &trusted).unwrap();
     assert_eq!(verified[0].format, "bundle");
     assert!(judge("site", OTHER, &[found], &trusted).is_err());
-    // A bundle that cannot be read names nothing, and is refused as such.
+    // A bundle that cannot be used says why.
     let unreadable = bundle("sha256:x".into(), b"{}");
     let e = judge("site", DIGEST, &[unreadable], &trusted).unwrap_err();
-    assert!(e.to_string().contains("names no digest"), "{e}");
+    assert!(e.to_string().contains("holds no DSSE envelope"), "{e}");
+    // An attestation made with the same key (an SBOM, a scan) is no signature.
+    let attestation = statement_bundle(&signer, "https://spdx.dev/Document", &[OTHER, DIGEST]);
+    let e = judge("site", DIGEST, &[attestation], &trusted).unwrap_err();
+    assert!(
+        e.to_string().contains("is an attestation, not a signature"),
+        "{e}"
+    );
+    // A statement of several subjects signs each of them.
+    let several = statement_bundle(
+        &signer,
+        "https://sigstore.dev/cosign/sign/v1",
+        &[OTHER, DIGEST],
+    );
+    judge("site", DIGEST, &[several], &trusted).expect("its second subject");
+}
+
+/// A bundle of an in-toto statement of `predicate` about `digests`, signed by `signer`.
+fn statement_bundle(signer: &Signer, predicate: &str, digests: &[&str]) -> Found {
+    let subjects: Vec<serde_json::Value> = digests
+        .iter()
+        .map(|d| serde_json::json!({"name": "x", "digest": {"sha256": d.trim_start_matches("sha256:")}}))
+        .collect();
+    let statement = serde_json::json!({
+        "_type": "https://in-toto.io/Statement/v1",
+        "subject": subjects,
+        "predicateType": predicate,
+        "predicate": {},
+    })
+    .to_string();
+    let pae = pre_authentication("application/vnd.in-toto+json", statement.as_bytes());
+    let json = serde_json::json!({
+        "verificationMaterial": {"publicKey": {"hint": "x"}},
+        "dsseEnvelope": {
+            "payload": BASE64.encode(statement.as_bytes()),
+            "payloadType": "application/vnd.in-toto+json",
+            "signatures": [{"sig": BASE64.encode(signer.sign(&pae))}],
+        },
+    });
+    bundle("sha256:statement".into(), json.to_string().as_bytes())
 }
 
 #[test]

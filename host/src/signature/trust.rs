@@ -71,14 +71,17 @@ impl std::fmt::Display for Identity {
     }
 }
 
-/// Certificate authorities (a PEM bundle, or a Sigstore `trusted_root.json`'s certificate
-/// authorities) and the identities whose certificates from them are trusted.
+/// Certificate authorities: a PEM bundle of roots, or a Sigstore `trusted_root.json`'s
+/// certificate authorities (each chain's last certificate a root, the others intermediates;
+/// those whose `validFor` has ended left out).
 #[derive(Debug, Clone, Default)]
 pub struct Roots {
     /// Where they came from, for messages.
     pub source: String,
     /// Each root, DER.
     certificates: Vec<Vec<u8>>,
+    /// Intermediates the roots come with (a `trusted_root.json`'s chains), DER.
+    intermediates: Vec<Vec<u8>>,
 }
 
 impl Roots {
@@ -89,11 +92,12 @@ impl Roots {
             origin: source.to_owned(),
             why,
         };
-        let certificates = if bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{') {
-            trusted_root_json(bytes).map_err(bad)?
-        } else {
-            pem_blocks(bytes, "CERTIFICATE").map_err(bad)?
-        };
+        let (certificates, intermediates) =
+            if bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{') {
+                trusted_root_json(bytes).map_err(bad)?
+            } else {
+                (pem_blocks(bytes, "CERTIFICATE").map_err(bad)?, Vec::new())
+            };
         if certificates.is_empty() {
             return Err(bad("holds no certificate".into()));
         }
@@ -104,19 +108,21 @@ impl Roots {
         Ok(Self {
             source: source.to_owned(),
             certificates,
+            intermediates,
         })
     }
 
     /// Checks that `leaf` (DER) chains to one of these roots through `chain` (DER, the leaf's
-    /// intermediates; roots among them are skipped) for code signing, now; that `signature`
-    /// over `message` was made with its key; and returns the identity it names.
+    /// intermediates and the intermediates of a `trusted_root.json`; roots among them are
+    /// skipped) for code signing, now; that `signature` over `message` was made with its key;
+    /// and returns what it names.
     pub(super) fn verify(
         &self,
         leaf: &[u8],
         chain: &[Vec<u8>],
         message: &[u8],
         signature: &[u8],
-    ) -> Result<Identity, String> {
+    ) -> Result<Named, String> {
         let leaf_der = CertificateDer::from(leaf);
         let ee = webpki::EndEntityCert::try_from(&leaf_der)
             .map_err(|e| format!("the certificate cannot be read: {e}"))?;
@@ -132,6 +138,7 @@ impl Roots {
             .map_err(|e| format!("a root of {} cannot be used: {e}", self.source))?;
         let intermediates: Vec<CertificateDer<'_>> = chain
             .iter()
+            .chain(&self.intermediates)
             .filter(|c| !self.certificates.contains(c))
             .map(|c| CertificateDer::from(c.as_slice()))
             .collect();
@@ -140,7 +147,9 @@ impl Roots {
             &anchors,
             &intermediates,
             UnixTime::now(),
-            webpki::KeyUsage::required(CODE_SIGNING),
+            // Intermediates without an extended key usage pass, as Go's x509 (cosign's) lets
+            // them; the leaf must name code signing, checked below.
+            webpki::KeyUsage::required_if_present(CODE_SIGNING),
             None,
             None,
         )
@@ -152,48 +161,82 @@ impl Roots {
         })?;
         let (_, cert) = X509Certificate::from_der(leaf)
             .map_err(|e| format!("the certificate cannot be read: {e}"))?;
+        let code_signing = cert
+            .extended_key_usage()
+            .ok()
+            .flatten()
+            .is_some_and(|eku| eku.value.code_signing);
+        if !code_signing {
+            return Err("the certificate is not for code signing (extended key usage)".into());
+        }
         if !verify_with_spki(cert.public_key().raw, message, signature) {
             return Err("the signature was not made with the certificate's key".into());
         }
-        identity(&cert)
+        named(&cert)
     }
 }
 
-/// The identity a signing certificate names: its first URI or email subject alternative name,
-/// and its OIDC issuer extension.
-fn identity(cert: &X509Certificate<'_>) -> Result<Identity, String> {
-    let mut subject = None;
-    let mut issuer = None;
+/// What a signing certificate names: every URI and email subject alternative name, and its OIDC
+/// issuer (the DER UTF8String of extension .1.8, with nothing after it; else, only when .1.8 is
+/// absent, the raw bytes of .1.1).
+pub(super) struct Named {
+    pub subjects: Vec<String>,
+    pub issuer: String,
+}
+
+impl Named {
+    /// The identity of `trusted` this names, if any: its issuer, and any of its subjects.
+    pub(super) fn matching<'a>(&self, trusted: &'a [Identity]) -> Option<&'a Identity> {
+        trusted
+            .iter()
+            .find(|i| i.issuer == self.issuer && self.subjects.contains(&i.subject))
+    }
+}
+
+impl std::fmt::Display for Named {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (issuer {})", self.subjects.join(", "), self.issuer)
+    }
+}
+
+fn named(cert: &X509Certificate<'_>) -> Result<Named, String> {
+    let mut subjects = Vec::new();
+    let (mut v2, mut v1) = (None, None);
     for ext in cert.extensions() {
         match ext.parsed_extension() {
             ParsedExtension::SubjectAlternativeName(san) => {
-                subject = subject.or_else(|| {
-                    san.general_names.iter().find_map(|n| match n {
-                        GeneralName::URI(u) => Some((*u).to_owned()),
-                        GeneralName::RFC822Name(e) => Some((*e).to_owned()),
-                        _ => None,
-                    })
-                });
+                subjects.extend(san.general_names.iter().filter_map(|n| match n {
+                    GeneralName::URI(u) => Some((*u).to_owned()),
+                    GeneralName::RFC822Name(e) => Some((*e).to_owned()),
+                    _ => None,
+                }));
             }
-            _ if ext.oid.to_id_string() == ISSUER_V2 => {
-                // A DER UTF8String (tag 12).
-                if let Some((12, text, _)) = tlv(ext.value) {
-                    issuer = std::str::from_utf8(text).ok().map(str::to_owned);
-                }
-            }
-            _ if ext.oid.to_id_string() == ISSUER_V1 && issuer.is_none() => {
-                issuer = std::str::from_utf8(ext.value).ok().map(str::to_owned);
-            }
+            _ if ext.oid.to_id_string() == ISSUER_V2 => v2 = Some(ext.value),
+            _ if ext.oid.to_id_string() == ISSUER_V1 => v1 = Some(ext.value),
             _ => {}
         }
     }
-    match (subject, issuer) {
-        (Some(subject), Some(issuer)) => Ok(Identity { subject, issuer }),
-        (None, _) => Err("the certificate names no URI or email subject".into()),
-        (_, None) => Err(format!(
-            "the certificate names no OIDC issuer (extension {ISSUER_V2} or {ISSUER_V1})"
-        )),
+    let issuer = match (v2, v1) {
+        (Some(value), _) => match tlv(value) {
+            Some((12, text, [])) => std::str::from_utf8(text).ok().map(str::to_owned),
+            _ => {
+                return Err(format!(
+                    "the certificate's OIDC issuer (extension {ISSUER_V2}) is not a UTF8String"
+                ));
+            }
+        },
+        (None, Some(raw)) => std::str::from_utf8(raw).ok().map(str::to_owned),
+        (None, None) => None,
+    };
+    if subjects.is_empty() {
+        return Err("the certificate names no URI or email subject".into());
     }
+    let Some(issuer) = issuer else {
+        return Err(format!(
+            "the certificate names no OIDC issuer (extension {ISSUER_V2} or {ISSUER_V1})"
+        ));
+    };
+    Ok(Named { subjects, issuer })
 }
 
 /// The parts of a DER SubjectPublicKeyInfo: its AlgorithmIdentifier's contents (what webpki's
@@ -290,16 +333,28 @@ pub(super) fn pem_blocks(pem: &[u8], label: &str) -> Result<Vec<Vec<u8>>, String
     Ok(blocks)
 }
 
-/// The certificates of the certificate authorities of a Sigstore `trusted_root.json`.
-fn trusted_root_json(bytes: &[u8]) -> Result<Vec<Vec<u8>>, String> {
+/// The roots and intermediates of the certificate authorities of a Sigstore
+/// `trusted_root.json`: each chain's last certificate is its root, the others intermediates. A
+/// certificate authority whose `validFor` has ended is left out.
+type Chains = (Vec<Vec<u8>>, Vec<Vec<u8>>);
+
+fn trusted_root_json(bytes: &[u8]) -> Result<Chains, String> {
     let root: serde_json::Value =
         serde_json::from_slice(bytes).map_err(|e| format!("is not JSON: {e}"))?;
-    let mut certificates = Vec::new();
+    let (mut roots, mut intermediates) = (Vec::new(), Vec::new());
+    let now = UnixTime::now().as_secs();
     for ca in root["certificateAuthorities"]
         .as_array()
         .into_iter()
         .flatten()
     {
+        if let Some(end) = ca["validFor"]["end"].as_str() {
+            let ended = parse_rfc3339(end).is_some_and(|end| end <= now);
+            if ended {
+                continue;
+            }
+        }
+        let mut chain = Vec::new();
         for c in ca["certChain"]["certificates"]
             .as_array()
             .into_iter()
@@ -308,14 +363,38 @@ fn trusted_root_json(bytes: &[u8]) -> Result<Vec<Vec<u8>>, String> {
             let raw = c["rawBytes"]
                 .as_str()
                 .ok_or("a certificate of certificateAuthorities has no rawBytes")?;
-            certificates.push(
+            chain.push(
                 BASE64
                     .decode(raw)
                     .map_err(|e| format!("a certificate's rawBytes is not base64: {e}"))?,
             );
         }
+        if let Some(last) = chain.pop() {
+            roots.push(last);
+            intermediates.extend(chain);
+        }
     }
-    Ok(certificates)
+    Ok((roots, intermediates))
+}
+
+/// Seconds since the epoch of an RFC 3339 time (`2022-04-13T20:06:15.000Z`), UTC only.
+fn parse_rfc3339(text: &str) -> Option<u64> {
+    let (date, time) = text.split_once('T')?;
+    let mut d = date.split('-').map(|p| p.parse::<i64>().ok());
+    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
+    let time = time.trim_end_matches('Z');
+    let time = time.split('.').next()?;
+    let mut t = time.split(':').map(|p| p.parse::<i64>().ok());
+    let (h, min, sec) = (t.next()??, t.next()??, t.next()??);
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    u64::try_from(days * 86_400 + h * 3600 + min * 60 + sec).ok()
 }
 
 #[cfg(test)]
@@ -334,6 +413,17 @@ mod tests {
         );
         assert_eq!(tlv(&[0x30, 5, 1]), None, "shorter than it says");
         assert_eq!(tlv(&[0x30, 0x80]), None, "indefinite length is not DER");
+    }
+
+    #[test]
+    fn rfc3339_times_are_read_as_seconds_since_the_epoch() {
+        assert_eq!(parse_rfc3339("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(
+            parse_rfc3339("2022-04-13T20:06:15.000Z"),
+            Some(1_649_880_375)
+        );
+        assert_eq!(parse_rfc3339("2000-03-01T00:00:01Z"), Some(951_868_801));
+        assert_eq!(parse_rfc3339("yesterday"), None);
     }
 
     #[test]
