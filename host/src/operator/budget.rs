@@ -13,8 +13,9 @@
 //!
 //! A namespace has only a few calls waiting at once; its other reconciliations leave their slot
 //! instead of waiting (they are *put off*, [`Budget::defer`]). Each call of the namespace served
-//! wakes one of them ([`Budget::on_wake`]), and the last wakes the rest, so that a burst in one
-//! namespace goes as fast as the budget serves it, not at the pace of a timer.
+//! wakes one of them ([`Budget::on_wake`]), and the last wakes as many as may wait (never the
+//! whole backlog at once, which would only be put off again), so that a burst in one namespace
+//! goes as fast as the budget serves it, not at the pace of a timer.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -68,6 +69,9 @@ struct State {
     deferred: BTreeMap<String, BTreeSet<String>>,
     /// The calls put off to wake, once the lock is let go.
     woken: Vec<(String, String)>,
+    /// How many calls of one namespace may wait: how many of its calls put off are woken when
+    /// its queue empties (`None`: all of them).
+    room: Option<usize>,
 }
 
 #[derive(Debug)]
@@ -147,9 +151,12 @@ impl Budget {
     }
 
     /// Sets what wakes a call put off (by its namespace and key) when its namespace has room
-    /// again; set once.
-    pub fn on_wake(&self, wake: impl Fn(&str, &str) + Send + Sync + 'static) {
-        let _ = self.wake.set(Box::new(wake));
+    /// again, and how many calls of one namespace may wait (the room a namespace whose queue
+    /// empties has: no more of its calls put off are woken at once); set once.
+    pub fn on_wake(&self, room: usize, wake: impl Fn(&str, &str) + Send + Sync + 'static) {
+        if self.wake.set(Box::new(wake)).is_ok() {
+            super::lock(&self.state).room = Some(room.max(1));
+        }
     }
 
     /// Serves waiting calls, then lets the lock go and wakes the calls put off that now have
@@ -243,16 +250,7 @@ impl Budget {
                     granted: tx,
                 });
             // The namespace whose turn it is may be this one, and its call may fit now.
-            let granted = {
-                serve(&mut state);
-                std::mem::take(&mut state.woken)
-            };
-            drop(state);
-            if let Some(wake) = self.wake.get() {
-                for (namespace, key) in &granted {
-                    wake(namespace, key);
-                }
-            }
+            self.serve_and_wake(state);
             (id, rx)
         };
         let mut waiting = Waiting {
@@ -305,26 +303,29 @@ fn serve(state: &mut State) {
         };
         let Some(bytes) = queue.front().map(|w| w.bytes) else {
             state.waiting.remove(&namespace);
-            wake_all(state, &namespace);
+            wake_room(state, &namespace);
             continue;
         };
         if bytes > state.free {
             return;
         }
         let waiter = queue.pop_front();
-        if queue.is_empty() {
+        let emptied = queue.is_empty();
+        if emptied {
             state.waiting.remove(&namespace);
-            wake_all(state, &namespace);
+            wake_room(state, &namespace);
         }
         if let Some(waiter) = waiter
             && waiter.granted.send(()).is_ok()
         {
             state.free -= bytes;
-            // Its place among the namespace's waiting calls goes to one put off.
-            if let Some(key) = state
-                .deferred
-                .get_mut(&namespace)
-                .and_then(BTreeSet::pop_first)
+            // Its place among the namespace's waiting calls goes to one put off (an emptied
+            // queue's room was given out above).
+            if !emptied
+                && let Some(key) = state
+                    .deferred
+                    .get_mut(&namespace)
+                    .and_then(BTreeSet::pop_first)
             {
                 state.woken.push((namespace.clone(), key));
             }
@@ -333,13 +334,21 @@ fn serve(state: &mut State) {
     }
 }
 
-/// Wakes every call of `namespace` put off, and forgets them: it has no call waiting any more.
-fn wake_all(state: &mut State, namespace: &str) {
-    if let Some(keys) = state.deferred.remove(namespace) {
-        state
-            .woken
-            .extend(keys.into_iter().map(|k| (namespace.to_owned(), k)));
+/// `namespace` has no call waiting any more: wakes as many of its calls put off as may wait
+/// (not thousands at once, to be put off again), and forgets them. The others stay noted: each
+/// woken call served wakes one more.
+fn wake_room(state: &mut State, namespace: &str) {
+    let room = state.room.unwrap_or(usize::MAX);
+    let Some(keys) = state.deferred.get_mut(namespace) else {
+        return;
+    };
+    let woken: Vec<String> = std::iter::from_fn(|| keys.pop_first()).take(room).collect();
+    if keys.is_empty() {
+        state.deferred.remove(namespace);
     }
+    state
+        .woken
+        .extend(woken.into_iter().map(|k| (namespace.to_owned(), k)));
 }
 
 /// A call in the queue: leaving it unserved (the future dropped) takes it out, or gives back what
@@ -372,7 +381,7 @@ impl Drop for Waiting<'_> {
             .is_some_and(VecDeque::is_empty)
         {
             state.waiting.remove(self.namespace);
-            wake_all(&mut state, self.namespace);
+            wake_room(&mut state, self.namespace);
         }
         self.budget.serve_and_wake(state);
     }
@@ -521,7 +530,9 @@ mod tests {
         let budget = Budget::new(10);
         let woken = Arc::new(Mutex::new(Vec::new()));
         let seen = woken.clone();
-        budget.on_wake(move |ns, key| super::super::lock(&seen).push(format!("{ns}/{key}")));
+        budget.on_wake(4, move |ns, key| {
+            super::super::lock(&seen).push(format!("{ns}/{key}"))
+        });
         let running = budget.take("a", 10).await.unwrap();
         let mut first = Box::pin(budget.take("a", 10));
         let mut second = Box::pin(budget.take("a", 10));
@@ -545,6 +556,27 @@ mod tests {
         );
         assert!(!budget.deferred("a", "z"));
         drop(last);
+    }
+
+    #[tokio::test]
+    async fn a_queue_that_empties_wakes_no_more_put_off_than_may_wait() {
+        let budget = Budget::new(10);
+        let woken = Arc::new(Mutex::new(Vec::new()));
+        let seen = woken.clone();
+        budget.on_wake(1, move |ns, key| {
+            super::super::lock(&seen).push(format!("{ns}/{key}"))
+        });
+        let running = budget.take("a", 10).await.unwrap();
+        let mut waiting = Box::pin(budget.take("a", 10));
+        assert!(ready(&mut waiting).await.is_none());
+        for key in ["x", "y", "z"] {
+            budget.defer("a", key);
+        }
+        drop(running);
+        let served = ready(&mut waiting).await.expect("served").unwrap();
+        assert_eq!(*super::super::lock(&woken), ["a/x"], "room for one");
+        assert!(budget.deferred("a", "y") && budget.deferred("a", "z"));
+        drop(served);
     }
 
     #[tokio::test]

@@ -331,7 +331,8 @@ pub(super) async fn setup(
         levels: Mutex::new(BTreeMap::new()),
     };
     let owners = shared.owners.clone();
-    shared.budget.on_wake(move |namespace, key| {
+    let room = super::reconcile::waiting_per_namespace(settings.concurrency);
+    shared.budget.on_wake(room, move |namespace, key| {
         super::reconcile::wake_put_off(&owners, namespace, key);
     });
     Ok((shared, writers))

@@ -61,7 +61,7 @@ const BUDGET_WAIT: Duration = Duration::from_secs(20);
 /// not wait but leaves its slot at once and is tried again later ([`budget_retry`]): a namespace
 /// that floods the operator then holds a few slots of each Kind, not all of them, and the
 /// resources of other namespaces get slots (and, by turns, the budget) in seconds.
-fn waiting_per_namespace(concurrency: u16) -> usize {
+pub(crate) fn waiting_per_namespace(concurrency: u16) -> usize {
     usize::from(concurrency / 4).clamp(1, 4)
 }
 
