@@ -363,32 +363,12 @@ pub async fn pull(
         });
     }
     let client = Client::connect(reference, options, false).await?;
-    let mut headers = HeaderMap::new();
-    headers.insert(
-        header::ACCEPT,
-        HeaderValue::from_static(
-            "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.index.v1+json;q=0.5",
-        ),
-    );
-    let answer = client
-        .send(
-            Method::GET,
-            &client.path("manifests", reference.target()),
-            headers,
-            Bytes::new(),
-            client::MAX_MANIFEST,
-        )
-        .await?;
-    if answer.status == StatusCode::NOT_FOUND {
-        return Err(Error::NotAPlugin {
-            reference: reference.to_string(),
-            why: format!("no such manifest in {}", reference.registry),
-        });
-    }
-    if !answer.status.is_success() {
-        return Err(client.unexpected(&format!("getting {reference}"), &answer));
-    }
-    let manifest = answer.body.to_vec();
+    let manifest = get_manifest(
+        &client,
+        "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.index.v1+json;q=0.5",
+    )
+    .await?
+    .to_vec();
     let manifest_digest = digest(&manifest);
     if let Some(expected) = &reference.digest
         && *expected != manifest_digest
@@ -450,15 +430,22 @@ pub async fn resolve(reference: &Reference, options: &Options) -> Result<Referen
         return Ok(reference.clone());
     }
     let client = Client::connect(reference, options, false).await?;
-    let mut headers = HeaderMap::new();
     // Every kind of manifest a tag may name: a registry that is not offered the kind a tag
     // names may answer with another (a platform's manifest for an index), of another digest.
-    headers.insert(
-        header::ACCEPT,
-        HeaderValue::from_static(
-            "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.index.v1+json, application/vnd.docker.distribution.manifest.list.v2+json",
-        ),
-    );
+    let manifest = get_manifest(
+        &client,
+        "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.index.v1+json, application/vnd.docker.distribution.manifest.list.v2+json",
+    )
+    .await?;
+    Ok(reference.pinned(&digest(&manifest)))
+}
+
+/// The manifest the client's reference names (its tag or digest), as the registry sends it for
+/// `accept`; a reference the registry does not hold is no plugin.
+async fn get_manifest(client: &Client, accept: &'static str) -> Result<Bytes, Error> {
+    let reference = client.reference();
+    let mut headers = HeaderMap::new();
+    headers.insert(header::ACCEPT, HeaderValue::from_static(accept));
     let answer = client
         .send(
             Method::GET,
@@ -477,7 +464,7 @@ pub async fn resolve(reference: &Reference, options: &Options) -> Result<Referen
     if !answer.status.is_success() {
         return Err(client.unexpected(&format!("getting {reference}"), &answer));
     }
-    Ok(reference.pinned(&digest(&answer.body)))
+    Ok(answer.body)
 }
 
 /// The Wasm layer of a manifest (its digest and size) and its media type.
