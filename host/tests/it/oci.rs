@@ -4,25 +4,10 @@
 //! private CA.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
 
 use testenv::{Registry, RegistryOptions};
 
-use crate::support::root;
-
-/// `host ARGS` with `cache` as its cache (compiled and pulled plugins).
-fn host_in(cache: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_host"))
-        .args(args)
-        .current_dir(root())
-        .env("WASM_OPERATOR_CACHE", cache)
-        .env("NO_COLOR", "1")
-        .env("HOME", cache)
-        .env_remove("DOCKER_CONFIG")
-        .stdin(Stdio::null())
-        .output()
-        .expect("host runs")
-}
+use crate::support::{host_in, root};
 
 /// As [`host_in`], asserting success; its stdout.
 fn host_ok(cache: &Path, args: &[&str]) -> String {

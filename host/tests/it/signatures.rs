@@ -13,7 +13,7 @@ use rcgen::{
 };
 use testenv::{Registry, RegistryOptions};
 
-use crate::support::root;
+use crate::support::host_in as host;
 
 const SUBJECT: &str = "https://ci.test/plugins/release";
 const ISSUER: &str = "https://issuer.test";
@@ -40,20 +40,6 @@ fn cosign(dir: &Path, args: &[&str]) -> Output {
 
 fn cosign_ok(dir: &Path, args: &[&str]) -> String {
     crate::support::succeeded(&format!("cosign {args:?}"), cosign(dir, args))
-}
-
-/// `host ARGS` with `dir` as its home and cache.
-fn host(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_host"))
-        .args(args)
-        .current_dir(root())
-        .env("WASM_OPERATOR_CACHE", dir)
-        .env("HOME", dir)
-        .env("NO_COLOR", "1")
-        .env_remove("DOCKER_CONFIG")
-        .stdin(Stdio::null())
-        .output()
-        .expect("host runs")
 }
 
 /// `host verify ARGS`: its exit code, stdout and stderr.

@@ -87,6 +87,21 @@ pub fn succeeded(what: &str, out: std::process::Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// `host ARGS` run with `cache` as its home and cache (compiled and pulled plugins), no Docker
+/// config, no colours.
+pub fn host_in(cache: &Path, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_host"))
+        .args(args)
+        .current_dir(root())
+        .env("WASM_OPERATOR_CACHE", cache)
+        .env("NO_COLOR", "1")
+        .env("HOME", cache)
+        .env_remove("DOCKER_CONFIG")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("host runs")
+}
+
 /// The stdout of `host ARGS`, run with the CLI tests' compile cache, asserting that it succeeded.
 pub fn host_ok(args: &[&str]) -> String {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_host"))
