@@ -107,6 +107,28 @@ pub struct PluginStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 256), inner(length(max = 316)))]
     pub kinds: Vec<String>,
+    /// What the operator's signature policy (`--plugin-signatures`) said of the version served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<PluginSignature>,
+}
+
+/// Who signed the version of a Plugin that is served, as the operator's signature policy
+/// judged it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PluginSignature {
+    /// The rule of the policy that decided: `rules[N] (PATTERN, ...)`.
+    #[schemars(length(max = 1024))]
+    pub rule: String,
+    /// Each signature that counts: `key FILE (SHA256:...) (cosign)`, `certificate of SUBJECT
+    /// (issuer ISSUER) (bundle)`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(length(max = 1024)))]
+    pub signed_by: Vec<String>,
+    /// Why it is served without a signature that counts, when the rule does not require one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 4096))]
+    pub unverified: Option<String>,
 }
 
 /// One kstatus condition of a Plugin.

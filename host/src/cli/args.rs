@@ -2,6 +2,7 @@
 //! the operator's policy, and a plugin to look at.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
@@ -10,6 +11,7 @@ use super::{Error, ReportFormat};
 use crate::documents;
 use crate::plugin::{Cache, Limits, Runtime, default_cache_dir};
 use crate::registry::{Registry, Source};
+use crate::signature::Policy;
 use crate::types::Context;
 use crate::units::{parse_bytes, parse_duration};
 
@@ -79,6 +81,13 @@ pub struct PluginArgs {
     /// Do not load the built-in plugins.
     #[arg(long)]
     pub no_builtins: bool,
+    /// A signature policy (YAML; docs/plugins.md): which keys and which certificate identities
+    /// may sign the plugins of which repositories, and where a signature is required. A plugin
+    /// from a registry (`--plugin oci://...`, and Plugin resources with `host run
+    /// --plugin-resources`) is loaded only when the policy lets it through; files are loaded as
+    /// they are.
+    #[arg(long, value_name = "FILE", env = "PLUGIN_SIGNATURES")]
+    pub plugin_signatures: Option<PathBuf>,
     /// The context and limits of every plugin call.
     #[command(flatten)]
     pub sandbox: SandboxArgs,
@@ -94,8 +103,18 @@ impl PluginArgs {
         self.registry_in(&self.sandbox.runtime()?)
     }
 
+    /// The signature policy `--plugin-signatures` names, read.
+    pub fn signature_policy(&self) -> Result<Option<Arc<Policy>>, Error> {
+        let Some(path) = &self.plugin_signatures else {
+            return Ok(None);
+        };
+        Ok(Some(Arc::new(Policy::from_file(path)?)))
+    }
+
     /// As [`PluginArgs::registry`], loading into `runtime`.
     pub fn registry_in(&self, runtime: &Runtime) -> Result<Registry, Error> {
+        // Read at start, so that a policy that cannot be used is said whatever the plugins.
+        let policy = self.signature_policy()?;
         // Read once, and only when a plugin is given by reference.
         let mut options = None;
         let store = self.sandbox.store();
@@ -117,6 +136,10 @@ impl PluginArgs {
                 self.require_digest,
             ))??;
             let name = format!("{}{}", crate::oci::SCHEME, pulled.reference);
+            if let Some(policy) = &policy {
+                let verdict = crate::publish::block_on(policy.check(&pulled.reference, options))??;
+                tracing::info!(plugin = %name, "{verdict}");
+            }
             if reference.digest.is_none() {
                 // A tag is resolved once; from here on the digest is what is served.
                 eprintln!("host: {plugin} is {name}");

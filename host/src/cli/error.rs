@@ -92,10 +92,7 @@ impl Error {
         match self {
             Self::Operator(_) => ExitCode::FAILURE,
             // Verified, and not signed as trusted.
-            Self::Signature(
-                crate::signature::Error::Unsigned { .. }
-                | crate::signature::Error::Untrusted { .. },
-            ) => ExitCode::FAILURE,
+            Self::Signature(e) if e.is_refusal() => ExitCode::FAILURE,
             #[cfg(feature = "dev")]
             Self::Dev(_) => ExitCode::FAILURE,
             _ => ExitCode::from(2),

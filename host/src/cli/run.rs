@@ -109,6 +109,7 @@ pub(super) fn run(args: &RunArgs) -> Result<ExitCode, Error> {
             runtime: plugin_runtime,
             registries: args.plugins.registries.options()?,
             store: args.plugins.sandbox.store(),
+            signatures: args.plugins.signature_policy()?,
         })
     } else {
         None

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::Args;
 
 use super::{Error, RegistryArgs, ReportFormat, emit};
-use crate::signature::{self, Identity, PublicKey, Roots, Trusted};
+use crate::signature::{self, Authority, Identity, PublicKey, Roots, Trusted};
 
 /// `host verify`.
 #[derive(Debug, Args)]
@@ -75,18 +75,19 @@ fn trusted(args: &VerifyArgs) -> Result<Trusted, Error> {
             &read(path)?,
         )?);
     }
+    // The command line trusts every identity it names from every authority it names.
+    let identities: Vec<Identity> =
+        match (&args.certificate_identity, &args.certificate_oidc_issuer) {
+            (Some(subject), Some(issuer)) => vec![Identity {
+                subject: subject.clone(),
+                issuer: issuer.clone(),
+            }],
+            _ => Vec::new(),
+        };
     for path in &args.trusted_roots {
-        trusted.roots.push(Roots::from_bytes(
-            &path.display().to_string(),
-            &read(path)?,
-        )?);
-    }
-    if let (Some(subject), Some(issuer)) =
-        (&args.certificate_identity, &args.certificate_oidc_issuer)
-    {
-        trusted.identities.push(Identity {
-            subject: subject.clone(),
-            issuer: issuer.clone(),
+        trusted.authorities.push(Authority {
+            roots: Roots::from_bytes(&path.display().to_string(), &read(path)?)?,
+            identities: identities.clone(),
         });
     }
     if trusted.is_empty() {

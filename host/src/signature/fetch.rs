@@ -49,13 +49,17 @@ pub(super) async fn signatures(
         &[],
     )
     .await?;
-    for layer in manifest
+    // Collected before the awaits below: an iterator of closures over references held across
+    // them makes the future unusable in a spawned task (rust-lang/rust#64552).
+    let layers: Vec<Value> = manifest
         .iter()
         .flat_map(|m| m["layers"].as_array())
         .flatten()
         .filter(|l| l["mediaType"].as_str() == Some(SIMPLE_SIGNING))
         .take(MAX_SIGNATURES)
-    {
+        .cloned()
+        .collect();
+    for layer in &layers {
         found.push(match simple_signing(&client, layer).await {
             Ok(f) => f,
             Err(e) => unreadable("cosign", layer["digest"].as_str(), &e),

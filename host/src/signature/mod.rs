@@ -21,8 +21,10 @@
 //! checked later, which the host does not consult: see docs/security.md).
 
 mod fetch;
+mod policy;
 mod trust;
 
+pub use policy::{Policy, Verdict};
 pub use trust::{Identity, PublicKey, Roots};
 
 use base64::Engine as _;
@@ -56,6 +58,21 @@ pub enum Error {
     /// Certificate authorities cannot be used.
     #[error("trusted roots {origin}: {why}")]
     Roots { origin: String, why: String },
+    /// The signature policy cannot be used.
+    #[error("{origin}: {why}")]
+    Policy { origin: String, why: String },
+    /// No rule of the signature policy names the artifact's repository.
+    #[error(
+        "no rule of the signature policy {policy} covers {repository}: its plugins are not served"
+    )]
+    NoRule { policy: String, repository: String },
+    /// A rule of the signature policy refused the artifact.
+    #[error("{source} ({rule} of the signature policy {policy})")]
+    Rule {
+        rule: String,
+        policy: String,
+        source: Box<Error>,
+    },
     /// The registry took longer than the whole check may.
     #[error("the signatures of {reference} could not be read within {limit:?}")]
     Deadline {
@@ -64,21 +81,48 @@ pub enum Error {
     },
 }
 
-/// What signatures are checked against: keys, and roots with the identities they may vouch for.
+impl Error {
+    /// Whether asking again may help: the registry could not be asked, or not in time.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Registry(oci::Error::Unreachable { .. } | oci::Error::Registry { .. })
+            | Self::Deadline { .. } => true,
+            Self::Rule { source, .. } => source.is_transient(),
+            _ => false,
+        }
+    }
+
+    /// Whether the signatures were read and the answer is no: unsigned, not by what is
+    /// trusted, or from a repository the policy does not cover.
+    pub fn is_refusal(&self) -> bool {
+        match self {
+            Self::Unsigned { .. } | Self::Untrusted { .. } | Self::NoRule { .. } => true,
+            Self::Rule { source, .. } => source.is_refusal(),
+            _ => false,
+        }
+    }
+}
+
+/// What signatures are checked against: keys, and certificate authorities each with the
+/// identities it may vouch for.
 #[derive(Debug, Clone, Default)]
 pub struct Trusted {
     pub keys: Vec<PublicKey>,
-    pub roots: Vec<Roots>,
-    /// The identities whose certificates count, from any of `roots` (one set for the command
-    /// line; a policy that binds identities to their own roots is to come with
-    /// `--plugin-signatures`).
+    pub authorities: Vec<Authority>,
+}
+
+/// Certificate authorities and the identities whose certificates of theirs count: an identity
+/// vouched for by another authority does not.
+#[derive(Debug, Clone)]
+pub struct Authority {
+    pub roots: Roots,
     pub identities: Vec<Identity>,
 }
 
 impl Trusted {
     /// Whether nothing is trusted (every signature would be refused).
     pub fn is_empty(&self) -> bool {
-        self.keys.is_empty() && (self.roots.is_empty() || self.identities.is_empty())
+        self.keys.is_empty() && self.authorities.iter().all(|a| a.identities.is_empty())
     }
 }
 
@@ -138,6 +182,15 @@ pub async fn verify(
     options: &oci::Options,
     trusted: &Trusted,
 ) -> Result<Vec<Verified>, Error> {
+    let (digest, found) = find(reference, options).await?;
+    judge(&reference.to_string(), &digest, &found, trusted)
+}
+
+/// The digest `reference` names, and the signatures stored for it in its registry.
+pub(crate) async fn find(
+    reference: &Reference,
+    options: &oci::Options,
+) -> Result<(String, Vec<Found>), Error> {
     let Some(digest) = reference.digest.clone() else {
         return Err(Error::NotPinned {
             reference: reference.to_string(),
@@ -152,7 +205,7 @@ pub async fn verify(
             reference: reference.to_string(),
             limit,
         })??;
-    judge(&reference.to_string(), &digest, &found, trusted)
+    Ok((digest, found))
 }
 
 /// Which of the signatures `found` for `digest` count under `trusted`.
@@ -230,16 +283,16 @@ fn check(digest: &str, f: &Found, trusted: &Trusted) -> Result<Signer, String> {
                     fingerprint: k.fingerprint(),
                 });
             }
-            if trusted.roots.is_empty() {
+            if trusted.authorities.is_empty() {
                 return Err(
                     "made with a certificate, and no certificate authority is trusted".into(),
                 );
             }
             let mut why = Vec::new();
-            for roots in &trusted.roots {
+            for authority in &trusted.authorities {
                 for signature in &f.signatures {
-                    match roots.verify(leaf, chain, &f.signed, signature) {
-                        Ok(named) => match named.matching(&trusted.identities) {
+                    match authority.roots.verify(leaf, chain, &f.signed, signature) {
+                        Ok(named) => match named.matching(&authority.identities) {
                             Some(identity) => return Ok(Signer::Certificate(identity.clone())),
                             None => why.push(format!(
                                 "the certificate names {named}, not a trusted identity"

@@ -187,8 +187,10 @@ fn an_intermediate_without_extended_key_usage_passes_and_a_leaf_not_for_code_sig
         issuer: "https://issuer.test".into(),
     };
     let trusted = |roots: Roots| Trusted {
-        roots: vec![roots],
-        identities: vec![identity.clone()],
+        authorities: vec![Authority {
+            roots,
+            identities: vec![identity.clone()],
+        }],
         ..Trusted::default()
     };
     let (roots, leaf, chain) = issued(&signer, &identity.subject, &identity.issuer, true, true);
@@ -213,32 +215,32 @@ fn a_certificate_counts_when_it_chains_to_a_trusted_root_and_names_a_trusted_ide
     let (roots, leaf) = certificate(&signer, &identity.subject, &identity.issuer);
     let mut found = cosign(&signer, DIGEST);
     found.certificate = Some((leaf, Vec::new()));
-    let trusted = Trusted {
-        roots: vec![roots.clone()],
-        identities: vec![identity.clone()],
+    let trusting_identities = |identities: Vec<Identity>| Trusted {
+        authorities: vec![Authority {
+            roots: roots.clone(),
+            identities,
+        }],
         ..Trusted::default()
     };
+    let trusted = trusting_identities(vec![identity.clone()]);
     let verified = judge("site", DIGEST, std::slice::from_ref(&found), &trusted).unwrap();
-    assert_eq!(verified[0].signer, super::Signer::Certificate(identity));
+    assert_eq!(
+        verified[0].signer,
+        super::Signer::Certificate(identity.clone())
+    );
 
     // Another identity of the same root.
-    let other = Trusted {
-        identities: vec![Identity {
-            subject: "https://ci.test/release".into(),
-            issuer: "https://elsewhere.test".into(),
-        }],
-        ..trusted.clone()
-    };
+    let other = trusting_identities(vec![Identity {
+        subject: "https://ci.test/release".into(),
+        issuer: "https://elsewhere.test".into(),
+    }]);
     let e = judge("site", DIGEST, std::slice::from_ref(&found), &other).unwrap_err();
     assert!(e.to_string().contains("not a trusted identity"), "{e}");
     // Any subject the certificate names counts (it names an email first, then the URI).
-    let by_email = Trusted {
-        identities: vec![Identity {
-            subject: "someone@ci.test".into(),
-            issuer: "https://issuer.test".into(),
-        }],
-        ..trusted.clone()
-    };
+    let by_email = trusting_identities(vec![Identity {
+        subject: "someone@ci.test".into(),
+        issuer: "https://issuer.test".into(),
+    }]);
     judge("site", DIGEST, std::slice::from_ref(&found), &by_email).expect("any SAN");
 
     // The same identity from a root not trusted.
@@ -248,6 +250,23 @@ fn a_certificate_counts_when_it_chains_to_a_trusted_root_and_names_a_trusted_ide
     foreign.certificate = Some((foreign_leaf, Vec::new()));
     let e = judge("site", DIGEST, &[foreign], &trusted).unwrap_err();
     assert!(e.to_string().contains("does not chain"), "{e}");
+
+    // An identity is trusted from its own authority only: a second authority, trusted for
+    // another identity, cannot vouch for this one.
+    let mut vouched = found.clone();
+    let (stranger_roots, stranger_leaf) = certificate(&signer, &identity.subject, &identity.issuer);
+    vouched.certificate = Some((stranger_leaf, Vec::new()));
+    let mut two = trusted.clone();
+    two.authorities.push(Authority {
+        roots: stranger_roots,
+        identities: vec![Identity {
+            subject: "https://ci.test/other".into(),
+            issuer: identity.issuer.clone(),
+        }],
+    });
+    judge("site", DIGEST, std::slice::from_ref(&found), &two).expect("its own authority");
+    let e = judge("site", DIGEST, &[vouched], &two).unwrap_err();
+    assert!(e.to_string().contains("not a trusted identity"), "{e}");
     drop(stranger);
 
     // A certificate whose key did not make the signature.

@@ -405,6 +405,7 @@ fn settings_for(
                 ..Default::default()
             },
             store: Some(host::oci::Store::new(store)),
+            signatures: None,
         }),
         ..settings(Vec::new(), "default", "live")
     }

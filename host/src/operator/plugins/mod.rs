@@ -61,6 +61,8 @@ pub struct Live {
     pub registries: oci::Options,
     /// Where pulled plugins are kept by digest.
     pub store: Option<oci::Store>,
+    /// Which signatures a Plugin's image must carry (`--plugin-signatures`); none: any.
+    pub signatures: Option<Arc<crate::signature::Policy>>,
 }
 
 /// A plugin loaded from a `Plugin` resource.
@@ -70,6 +72,8 @@ struct Loaded {
     /// The limits it was loaded with.
     limits: Limits,
     plugin: Plugin,
+    /// What the signature policy said of it.
+    signature: Option<crate::signature::Verdict>,
     /// `apiVersion/Kind` of each Kind it serves (controllers' keys).
     kinds: Vec<String>,
 }
@@ -77,13 +81,26 @@ struct Loaded {
 impl Loaded {
     /// What the Plugin's status says of what is served.
     fn status(&self) -> Value {
-        json!({
+        let mut status = json!({
             "image": format!("{}{}", oci::SCHEME, self.reference),
             "digest": self.reference.digest,
             "sha256": format!("sha256:{}", self.plugin.sha256()),
             "plugin": format!("{} {}", self.plugin.name(), self.plugin.info().version),
             "kinds": self.plugin.info().kinds.iter().map(|k| format!("{}.{}", k.kind, k.group)).collect::<Vec<_>>(),
-        })
+        });
+        if let Some(verdict) = &self.signature {
+            let signature = crate::api::PluginSignature {
+                rule: verdict.rule.clone(),
+                signed_by: verdict
+                    .signatures
+                    .iter()
+                    .map(|s| format!("{} ({})", s.signer, s.format))
+                    .collect(),
+                unverified: verdict.unverified.clone(),
+            };
+            status["signature"] = serde_json::to_value(signature).unwrap_or_default();
+        }
+        status
     }
 }
 
@@ -121,6 +138,8 @@ pub(crate) struct Prepared {
     reference: Reference,
     limits: Limits,
     plugin: Plugin,
+    /// What the signature policy said of it.
+    signature: Option<crate::signature::Verdict>,
 }
 
 /// What preparing the plugin of a Plugin came to: its name, the ticket of that preparation,
@@ -418,6 +437,7 @@ impl Loader {
             reference,
             limits,
             plugin,
+            signature,
         } = prepared;
         // Every other plugin stays as it is; this one replaces its own last version only.
         let candidate = self.registry(Some((name, &plugin))).map_err(|e| match e {
@@ -497,6 +517,7 @@ impl Loader {
                 reference,
                 limits,
                 plugin,
+                signature,
                 kinds: kinds.into_iter().map(|(key, _, _)| key).collect(),
             },
         );

@@ -46,9 +46,10 @@ pub(super) fn limits(live: &Live, asked: Option<&PluginLimits>) -> Result<Limits
     Ok(live.runtime.with_limits(limits).limits())
 }
 
-/// Pulls the plugin (checked against its digest; kept in the store), compiles it (the compile
-/// cache), runs the checks of `host check` and loads it under `limits`. Nothing of the cluster
-/// is read or written.
+/// Checks the plugin's signatures against the operator's policy (nothing of an artifact the
+/// policy refuses is downloaded), pulls it (checked against its digest; kept in the store),
+/// compiles it (the compile cache), runs the checks of `host check` and loads it under
+/// `limits`. Nothing of the cluster is read or written.
 pub(super) async fn prepare(
     live: &Live,
     ctx: &Context,
@@ -56,6 +57,15 @@ pub(super) async fn prepare(
     reference: Reference,
     limits: Limits,
 ) -> Result<Prepared, Refusal> {
+    let signature = match &live.signatures {
+        Some(policy) => Some(
+            policy
+                .check(&reference, &live.registries)
+                .await
+                .map_err(signature_refusal)?,
+        ),
+        None => None,
+    };
     let pulled = oci::pull(&reference, &live.registries, live.store.as_ref(), true)
         .await
         .map_err(|e| match e {
@@ -81,6 +91,7 @@ pub(super) async fn prepare(
             reference: pulled.reference,
             limits,
             plugin,
+            signature,
         }),
         Some(Err(e)) => Err(Refusal::stalled("LoadFailed", e.to_string())),
         None => {
@@ -98,6 +109,23 @@ pub(super) async fn prepare(
     }
 }
 
+/// Why the signature policy refused a Plugin's image, as its status says it.
+fn signature_refusal(e: crate::signature::Error) -> Refusal {
+    use crate::signature::Error;
+    if e.is_transient() {
+        return Refusal::transient("SignatureCheckFailed", e.to_string());
+    }
+    let reason = match &e {
+        Error::NoRule { .. } => "NoSignatureRule",
+        Error::Rule { source, .. } if matches!(**source, Error::Unsigned { .. }) => "Unsigned",
+        Error::Rule { source, .. } if matches!(**source, Error::Untrusted { .. }) => {
+            "UntrustedSignature"
+        }
+        _ => "SignatureCheckFailed",
+    };
+    Refusal::stalled(reason, e.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -107,6 +135,7 @@ mod tests {
             runtime: Runtime::new(Limits::default(), None).expect("a runtime"),
             registries: oci::Options::default(),
             store: None,
+            signatures: None,
         }
     }
 
