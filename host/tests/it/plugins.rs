@@ -119,7 +119,7 @@ pub(crate) fn plugin(name: &str, image: &str) -> String {
 }
 
 /// The `Plugin` named `name`, cluster-scoped.
-fn plugin_status(cp: &ControlPlane, name: &str) -> Value {
+pub(crate) fn plugin_status(cp: &ControlPlane, name: &str) -> Value {
     let out = cp.kubectl(&["get", "plugins.wasm-operator.dev", name, "-o", "json"]);
     if !out.status.success() {
         return Value::Null;
@@ -127,7 +127,7 @@ fn plugin_status(cp: &ControlPlane, name: &str) -> Value {
     serde_json::from_slice::<Value>(&out.stdout).unwrap()["status"].clone()
 }
 
-fn ready(status: &Value) -> (String, String, String) {
+pub(crate) fn ready(status: &Value) -> (String, String, String) {
     let c = status["conditions"]
         .as_array()
         .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready").cloned())
@@ -149,7 +149,7 @@ async fn barrier(cp: &ControlPlane, name: &str, broken: &str) {
 }
 
 /// The Plugin CRD, as `host crds` prints it, installed and Established.
-fn install_plugin_crd(cp: &ControlPlane) {
+pub(crate) fn install_plugin_crd(cp: &ControlPlane) {
     apply_cluster(cp, &serde_json::to_string(&host::api::crd()).unwrap());
     wait_for(cp, "Established", "crd/plugins.wasm-operator.dev");
 }
@@ -392,7 +392,7 @@ async fn a_plugin_resource_is_served_upgraded_kept_on_a_bad_version_and_dropped_
 }
 
 /// How the operators of these tests run: no Kind at start, and `Plugin` resources.
-fn settings_for(
+pub(crate) fn settings_for(
     runtime: &host::plugin::Runtime,
     store: &std::path::Path,
 ) -> host::operator::Settings {

@@ -6,6 +6,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
 use rcgen::{
     BasicConstraints, CertificateParams, CustomExtension, ExtendedKeyUsagePurpose, IsCa, Issuer,
@@ -303,4 +304,174 @@ fn base64_decode(text: &str) -> Vec<u8> {
     base64::engine::general_purpose::STANDARD
         .decode(text)
         .expect("base64")
+}
+
+/// A signature policy (`policy.yaml` in `dir`) trusting `key` for the repositories under
+/// `plugins/` of `registry`.
+fn policy(dir: &Path, registry: &Registry, key: &Path) -> PathBuf {
+    let path = dir.join("policy.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "rules:\n- repositories: ['{}/plugins/*']\n  keys:\n  - file: {}\n",
+            registry.addr(),
+            key.display()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// `host render --plugin oci://... --plugin-signatures`: a plugin from a registry is loaded
+/// only when the policy lets it through.
+#[test]
+fn a_plugin_given_by_reference_is_loaded_only_when_signed_as_the_policy_asks() {
+    let registry = Registry::start(RegistryOptions::default()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let ours = key_pair(dir, "ours");
+    let policy = policy(dir, &registry, &ours.join("cosign.pub"));
+    let signed = push(dir, &registry, "kvcluster", "plugins/kv:1.0");
+    sign(&ours, &signed, None);
+    let unsigned = push(dir, &registry, "kvcluster", "elsewhere/kv:1.0");
+    let example = crate::support::root().join("examples/kvcluster.yaml");
+    let render = |reference: &str| {
+        host(
+            dir,
+            &[
+                "render",
+                "--no-builtins",
+                "--plugin",
+                &format!("oci://{reference}"),
+                "--plugin-signatures",
+                &policy.display().to_string(),
+                &example.display().to_string(),
+            ],
+        )
+    };
+    let out = render(&signed);
+    let stdout = crate::support::succeeded("host render of the signed plugin", out);
+    assert!(stdout.contains("kind: StatefulSet"), "{stdout}");
+
+    let out = render(&unsigned);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("no rule of the signature policy")
+            && stderr.contains("elsewhere/kv: its plugins are not served"),
+        "{stderr}"
+    );
+    // Covered by the rule, and not signed.
+    let tag = push(dir, &registry, "kvcluster", "plugins/kv-next:1.0");
+    let out = render(&tag);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("is not signed") && stderr.contains("rules[0]"),
+        "{stderr}"
+    );
+}
+
+/// On the control plane: a Plugin whose image is signed by a trusted key is served, and its
+/// status says who signed it; a new version signed by another key, an unsigned one and one
+/// from a repository no rule covers change nothing (the signed version keeps serving) and the
+/// status says why each was refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_resource_is_served_only_when_signed_as_the_operators_policy_asks() {
+    use crate::plugins::{install_plugin_crd, plugin, plugin_status, ready, settings_for};
+    use crate::support::cluster::{Operator, apply_cluster, eventually, wait_for};
+
+    let cp = testenv::ControlPlane::start().unwrap();
+    let _logs = cp.logs_on_failure();
+    let registry = Registry::start(RegistryOptions::default()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let ours = key_pair(dir, "ours");
+    let theirs = key_pair(dir, "theirs");
+    let push_file = |file: &str, repository: &str| {
+        let reference = format!("{}/{repository}", registry.addr());
+        let out = host(dir, &["push", file, &reference]);
+        crate::support::succeeded("host push", out)
+            .trim()
+            .trim_start_matches("oci://")
+            .to_owned()
+    };
+    let v1 = push_file(test_guests::HOSTILE, "plugins/hostile:1");
+    sign(&ours, &v1, None);
+    let v2 = push_file(test_guests::HOSTILE_NEXT, "plugins/hostile:2");
+    sign(&theirs, &v2, None);
+    let unsigned = push_file(test_guests::HOSTILE_NEXT, "plugins/hostile-next:2");
+    let uncovered = push_file(test_guests::HOSTILE_NEXT, "elsewhere/hostile:2");
+    let policy =
+        host::signature::Policy::from_file(&policy(dir, &registry, &ours.join("cosign.pub")))
+            .unwrap();
+
+    install_plugin_crd(&cp);
+    let runtime = host::plugin::Runtime::new(
+        host::plugin::Limits::default(),
+        Some(crate::support::cache()),
+    )
+    .unwrap();
+    let store = tempfile::tempdir().unwrap();
+    let mut settings = settings_for(&runtime, store.path());
+    if let Some(live) = settings.plugin_resources.as_mut() {
+        live.signatures = Some(std::sync::Arc::new(policy));
+    }
+    let operator = Operator::run(
+        cp.client().await.unwrap(),
+        host::registry::Registry::load(&runtime, Default::default(), false, &[]).unwrap(),
+        settings,
+    );
+
+    apply_cluster(&cp, &plugin("hostile", &format!("oci://{v1}")));
+    wait_for(&cp, "Ready", "plugins.wasm-operator.dev/hostile");
+    let status = plugin_status(&cp, "hostile");
+    let signed_by = status["signature"]["signedBy"][0]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        signed_by.starts_with(&format!("key {}", ours.join("cosign.pub").display()))
+            && signed_by.ends_with("(cosign)"),
+        "{status}"
+    );
+    assert!(
+        status["signature"]["rule"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("rules[0]")),
+        "{status}"
+    );
+    let digest = |reference: &str| reference.rsplit_once('@').unwrap().1.to_owned();
+
+    for (image, reason, says) in [
+        (
+            &v2,
+            "UntrustedSignature",
+            "no signature of a trusted signer",
+        ),
+        (&unsigned, "Unsigned", "is not signed"),
+        (
+            &uncovered,
+            "NoSignatureRule",
+            "no rule of the signature policy",
+        ),
+    ] {
+        apply_cluster(&cp, &plugin("hostile", &format!("oci://{image}")));
+        eventually(
+            &format!("the Plugin refused: {reason}"),
+            Duration::from_secs(60),
+            || ready(&plugin_status(&cp, "hostile")).1 == reason,
+        )
+        .await;
+        let status = plugin_status(&cp, "hostile");
+        let (ready, _, message) = ready(&status);
+        assert_eq!(ready, "False", "{status}");
+        assert!(
+            message.contains(says) && message.contains("still serving"),
+            "{message}"
+        );
+        // The signed version keeps serving, and the status still says who signed it.
+        assert_eq!(status["digest"], digest(&v1), "{status}");
+        assert!(status["signature"]["signedBy"].is_array(), "{status}");
+    }
+    operator.stop().await;
 }
