@@ -232,6 +232,9 @@ fn the_values_reach_what_the_chart_renders() {
         "policy.clusterIssuers={letsencrypt-prod,internal-ca}",
         "policy.kmsHostAPIs={https://kms.example.com/api}",
         "policy.adoptInNamespaces={app}",
+        "pluginSignatures.policy.rules[0].repositories[0]=ghcr.io/acme/*",
+        "pluginSignatures.policy.rules[0].keys[0].file=acme-signing/cosign.pub",
+        "pluginSignatures.secrets={acme-signing}",
     ]));
     let pod = &deployment(&docs)["spec"]["template"]["spec"];
     let container = &pod["containers"][0];
@@ -270,9 +273,39 @@ fn the_values_reach_what_the_chart_renders() {
         "--cluster-issuer=letsencrypt-prod,internal-ca",
         "--kms-host-api=https://kms.example.com/api",
         "--adopt-in-namespace=app",
+        "--plugin-signatures=/etc/wasm-operator/signatures/policy.yaml",
     ] {
         assert!(args.contains(&want), "no {want} in {args:?}");
     }
+    // The signature policy, in a ConfigMap mounted where the flag points, beside the Secret of
+    // the key it names; as mounted, the host reads it.
+    assert!(
+        mounts.contains("/etc/wasm-operator/signatures/acme-signing")
+            && volumes.contains("acme-signing"),
+        "{mounts} {volumes}"
+    );
+    let policy = docs
+        .iter()
+        .find(|d| {
+            d["kind"] == "ConfigMap" && d["metadata"]["name"] == "wasm-operator-plugin-signatures"
+        })
+        .expect("the policy's ConfigMap");
+    let mounted = tempfile::tempdir().unwrap();
+    std::fs::create_dir(mounted.path().join("acme-signing")).unwrap();
+    std::fs::write(
+        mounted.path().join("acme-signing/cosign.pub"),
+        "-----BEGIN PUBLIC KEY-----\nMFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEzKnRHCtJN7DfC+P1hBzeFzPSSkv9\n6BxO4/OrD6MTzVzPjdSm3jmZK/Yz1O2/da7TgaQ75ySsi51BXx5VnlMq2Q==\n-----END PUBLIC KEY-----\n",
+    )
+    .unwrap();
+    let path = mounted.path().join("policy.yaml");
+    std::fs::write(&path, policy["data"]["policy.yaml"].as_str().unwrap()).unwrap();
+    host::signature::Policy::from_file(&path)
+        .unwrap_or_else(|e| panic!("the chart's policy: {e}\n{policy}"));
+    let annotations = &deployment(&docs)["spec"]["template"]["metadata"]["annotations"];
+    assert!(
+        annotations["checksum/plugin-signatures"].is_string(),
+        "a new policy rolls the pods: {annotations}"
+    );
     // The host takes them as the rules the values say.
     use clap::Parser;
     let parsed =
@@ -573,6 +606,9 @@ fn install_upgrade_and_uninstall_on_a_restricted_namespace() {
             "plugins.registry.configSecret=registry-login",
             "plugins.registry.caConfigMap=registry-ca",
             "pluginResources.enabled=true",
+            "pluginSignatures.policy.rules[0].repositories[0]=registry.example.com/**",
+            "pluginSignatures.policy.rules[0].keys[0].file=signing/cosign.pub",
+            "pluginSignatures.secrets={signing}",
             "replicas=1",
             "leaderElection.enabled=false",
             "podDisruptionBudget.enabled=false",
