@@ -244,5 +244,38 @@ pub fn text(report: &Value) -> String {
     for e in list("exports") {
         line("export", e);
     }
+    match &report.get("signatures") {
+        Some(Value::Array(seen)) if seen.is_empty() => line("signature", "none".into()),
+        Some(Value::Array(seen)) => {
+            for s in seen {
+                let text = serde_json::from_value::<crate::signature::Seen>(s.clone())
+                    .map(|s| s.to_string())
+                    .unwrap_or_else(|_| s.to_string());
+                line("signature", text);
+            }
+        }
+        Some(other) => line(
+            "signature",
+            format!(
+                "cannot be read: {}",
+                other["error"].as_str().unwrap_or_default()
+            ),
+        ),
+        None => {}
+    }
+    if let Some(policy) = report.get("policy") {
+        let allowed = if policy["allowed"] == true {
+            "allowed"
+        } else {
+            "refused"
+        };
+        line(
+            "policy",
+            format!(
+                "{allowed}: {}",
+                policy["verdict"].as_str().unwrap_or_default()
+            ),
+        );
+    }
     out
 }

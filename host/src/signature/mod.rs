@@ -208,6 +208,57 @@ pub(crate) async fn find(
     Ok((digest, found))
 }
 
+/// A signature as the registry holds it, before anything is trusted (`host inspect`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Seen {
+    /// `cosign` or `bundle`.
+    pub format: String,
+    /// The digest of the manifest that holds it.
+    pub place: String,
+    /// Whether what it signs names the artifact's digest (else it is another artifact's).
+    pub names_this_digest: bool,
+    /// For a certificate: who it names (not verified: no root is trusted here); none for a key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub certificate: Option<String>,
+    /// Why it cannot be read, when it cannot.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
+}
+
+impl std::fmt::Display for Seen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.format, self.place)?;
+        if let Some(problem) = &self.problem {
+            return write!(f, ": {problem}");
+        }
+        if !self.names_this_digest {
+            write!(f, ", of another digest")?;
+        }
+        match &self.certificate {
+            Some(named) => write!(f, ", certificate naming {named} (not verified)"),
+            None => write!(f, ", made with a key"),
+        }
+    }
+}
+
+/// The signatures stored beside `reference` (named by digest), as they are, nothing verified.
+pub async fn seen(reference: &Reference, options: &oci::Options) -> Result<Vec<Seen>, Error> {
+    let (digest, found) = find(reference, options).await?;
+    Ok(found
+        .into_iter()
+        .map(|f| Seen {
+            format: f.format.to_owned(),
+            names_this_digest: f.names.iter().any(|n| *n == digest),
+            certificate: f.certificate.as_ref().map(|(leaf, _)| {
+                trust::names_of(leaf).map_or_else(|why| why, |named| named.to_string())
+            }),
+            problem: f.problem,
+            place: f.place,
+        })
+        .collect())
+}
+
 /// Which of the signatures `found` for `digest` count under `trusted`.
 pub(crate) fn judge(
     reference: &str,

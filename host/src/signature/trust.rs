@@ -199,6 +199,13 @@ impl std::fmt::Display for Named {
     }
 }
 
+/// What the certificate `der` names, unverified (for `host inspect`).
+pub(super) fn names_of(der: &[u8]) -> Result<Named, String> {
+    let (_, cert) = X509Certificate::from_der(der)
+        .map_err(|e| format!("the certificate cannot be read: {e}"))?;
+    named(&cert)
+}
+
 fn named(cert: &X509Certificate<'_>) -> Result<Named, String> {
     let mut subjects = Vec::new();
     let (mut v2, mut v1) = (None, None);

@@ -370,6 +370,44 @@ fn a_plugin_given_by_reference_is_loaded_only_when_signed_as_the_policy_asks() {
         stderr.contains("is not signed") && stderr.contains("rules[0]"),
         "{stderr}"
     );
+
+    // `host inspect` shows the signatures stored beside a plugin, and what the policy says.
+    let inspect = |reference: &str, json: bool| {
+        let policy = policy.display().to_string();
+        let reference = format!("oci://{reference}");
+        let mut args = vec!["inspect", "--plugin-signatures", &policy, &reference];
+        if json {
+            args.extend(["-o", "json"]);
+        }
+        crate::support::succeeded("host inspect", host(dir, &args))
+    };
+    let text = inspect(&signed, false);
+    assert!(
+        text.lines().any(|l| l.starts_with("signature")
+            && l.contains("cosign sha256:")
+            && l.ends_with("made with a key")),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("policy") && l.contains("allowed: signed by key")),
+        "{text}"
+    );
+    let report: serde_json::Value = serde_json::from_str(&inspect(&signed, true)).unwrap();
+    assert_eq!(report["signatures"][0]["namesThisDigest"], true, "{report}");
+    assert_eq!(report["policy"]["allowed"], true, "{report}");
+    let text = inspect(&tag, false);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("signature") && l.ends_with("none")),
+        "{text}"
+    );
+    assert!(
+        text.lines().any(|l| l.starts_with("policy")
+            && l.contains("refused:")
+            && l.contains("is not signed")),
+        "{text}"
+    );
 }
 
 /// On the control plane: a Plugin whose image is signed by a trusted key is served, and its
