@@ -424,9 +424,9 @@ fn schemas(plugin: &Plugin, described: &[(&String, &PluginInfo)]) -> Result<Stri
                     continue;
                 }
             };
+            // The whole schema: the plugin's spec, and its status (contract 1.1).
             let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
-            let spec = &schema["properties"]["spec"];
-            for p in crate::kube_schema::structural_problems(spec, "spec") {
+            for p in crate::kube_schema::structural_problems(schema, "openAPIV3Schema") {
                 problems.push(format!("{}.{} (under {group}): {p}", kind.kind, kind.group));
             }
         }

@@ -306,9 +306,18 @@ pub fn printer_columns(kind: &KindInfo) -> Vec<crate::types::PrinterColumn> {
 /// beside an `additionalProperties` other than `true`, and inside `allOf`, `anyOf`, `oneOf` and
 /// `not` only value checks: no types (but `integer` and `string` under an int-or-string),
 /// defaults, descriptions or nullability.
+///
+/// And the junctors of the schema itself (a CRD's `openAPIV3Schema`) may only check fields and
+/// items the schema specifies outside them, through every level (a key of a map included:
+/// `properties` under a junctor needs the same `properties` outside). The API server holds the
+/// root's junctors to this, not those of the nodes below it (tested against it: a `oneOf` in
+/// `spec` that checks a field `spec` does not specify is accepted).
 pub fn structural_problems(schema: &Value, path: &str) -> Vec<String> {
     let mut problems = Vec::new();
     structural(schema, path, Place::Outside, &mut problems);
+    for (at, inside) in junctors(schema, path) {
+        uncovered(inside, schema, &at, path, &mut problems);
+    }
     problems
 }
 
@@ -454,6 +463,58 @@ fn structural(node: &Value, path: &str, place: Place, problems: &mut Vec<String>
     }
 }
 
+/// The schemas directly inside `node`'s `allOf`, `anyOf`, `oneOf` and `not`, with their paths.
+fn junctors<'a>(node: &'a Value, path: &str) -> Vec<(String, &'a Value)> {
+    let mut found = Vec::new();
+    for junctor in ["allOf", "anyOf", "oneOf"] {
+        for (i, child) in node[junctor].as_array().into_iter().flatten().enumerate() {
+            found.push((format!("{path}.{junctor}[{i}]"), child));
+        }
+    }
+    if let Some(not) = node.get("not") {
+        found.push((format!("{path}.not"), not));
+    }
+    found
+}
+
+/// Each field or list that `inside` (a schema in a junctor, at `at`) checks and the structural
+/// schema `outside` (at `path`) does not specify: the API server refuses a CRD whose junctors
+/// reach fields its structure does not have ("must only have properties/items that are
+/// specified in the structural part").
+fn uncovered(inside: &Value, outside: &Value, at: &str, path: &str, problems: &mut Vec<String>) {
+    let Some(inside_object) = inside.as_object() else {
+        return;
+    };
+    if let Some(properties) = inside_object.get("properties").and_then(Value::as_object) {
+        for (name, child) in properties {
+            let field = format!("{path}.{name}");
+            let child_at = format!("{at}.{name}");
+            match outside.get("properties").and_then(|p| p.get(name)) {
+                Some(structure) => uncovered(child, structure, &child_at, &field, problems),
+                None => problems.push(format!(
+                    "{field}: checked in {child_at} and not specified outside the junctor (a \
+                     structural schema specifies every field it checks outside allOf, anyOf, \
+                     oneOf and not)"
+                )),
+            }
+        }
+    }
+    if let Some(items) = inside_object.get("items") {
+        let field = format!("{path}.items");
+        match outside.get("items") {
+            Some(structure) => {
+                uncovered(items, structure, &format!("{at}.items"), &field, problems)
+            }
+            None => problems.push(format!(
+                "{field}: checked in {at}.items and not specified outside the junctor"
+            )),
+        }
+    }
+    for (nested_at, nested) in junctors(inside, at) {
+        uncovered(nested, outside, &nested_at, path, problems);
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -530,6 +591,43 @@ pub(crate) mod tests {
             );
         }
         assert_eq!(problems.len(), 9, "{problems:#?}");
+    }
+
+    #[test]
+    fn the_roots_junctors_check_only_fields_the_structure_specifies() {
+        let schema = json!({
+            "type": "object",
+            "properties": {
+                "a": { "type": "string" },
+                "list": { "type": "array", "items": { "type": "object", "properties": { "x": { "type": "string" } } } },
+                "labels": { "type": "object", "additionalProperties": { "type": "string" } },
+                "inner": { "type": "object", "oneOf": [{ "properties": { "z": { "minLength": 1 } } }] },
+            },
+            "oneOf": [
+                { "required": ["a"] },
+                { "properties": { "a": { "minLength": 1 }, "b": { "minLength": 1 } } },
+                { "properties": { "list": { "items": { "properties": { "x": {}, "y": {} } } } } },
+                { "properties": { "labels": { "properties": { "k": { "maxLength": 3 } } } } },
+                { "anyOf": [{ "properties": { "c": { "pattern": "^c" } } }] },
+            ],
+            "not": { "properties": { "a": { "items": { "maxItems": 1 } } } },
+        });
+        let problems = structural_problems(&schema, "root");
+        let expected = [
+            "root.b: checked in root.oneOf[1].b",
+            "root.list.items.y: checked in root.oneOf[2].list.items.y",
+            "root.labels.k: checked in root.oneOf[3].labels.k",
+            "root.c: checked in root.oneOf[4].anyOf[0].c",
+            "root.a.items: checked in root.not.a.items",
+        ];
+        for want in expected {
+            assert!(
+                problems.iter().any(|p| p.starts_with(want)),
+                "no `{want}` in {problems:#?}"
+            );
+        }
+        // `a` and `list.items.x` are specified; the junctors of `inner` are not the root's.
+        assert_eq!(problems.len(), expected.len(), "{problems:#?}");
     }
 
     #[test]

@@ -88,3 +88,117 @@ fn a_kind_without_columns_gets_the_hosts() {
         .collect();
     assert_eq!(columns, ["Ready", "Status", "Age"]);
 }
+
+/// The host's rule for junctors is the API server's: the junctors of a CRD's root schema may
+/// check only fields and items the schema specifies outside them, at every level (a key of a
+/// map included); the junctors of a node below the root are not held to it. Each schema goes to
+/// the real API server in a CRD (server dry run), at the root and in `spec`, and the host's
+/// verdict must be the API server's.
+#[test]
+fn junctors_are_judged_as_the_api_server_judges_them() {
+    use serde_json::{Value, json};
+    let cp = crate::support::cluster::cluster();
+    let structure = json!({
+        "a": { "type": "string" },
+        "list": { "type": "array", "items": { "type": "object", "properties": { "x": { "type": "string" } } } },
+        "labels": { "type": "object", "additionalProperties": { "type": "string" } },
+    });
+    // Junctors over `spec`'s fields, and whether the API server takes them at the root.
+    let cases = [
+        (
+            "required",
+            json!({ "oneOf": [{ "required": ["a"] }, { "required": ["list"] }] }),
+            true,
+        ),
+        (
+            "specified",
+            json!({ "anyOf": [{ "properties": { "a": { "minLength": 1 } } }] }),
+            true,
+        ),
+        (
+            "item field",
+            json!({ "not": { "properties": { "list": { "items": { "properties": { "x": { "pattern": "^x" } } } } } } }),
+            true,
+        ),
+        (
+            "map key",
+            json!({ "allOf": [{ "properties": { "labels": { "properties": { "k": { "maxLength": 3 } } } } }] }),
+            false,
+        ),
+        (
+            "unspecified",
+            json!({ "oneOf": [{ "properties": { "b": { "minLength": 1 } } }] }),
+            false,
+        ),
+        (
+            "nested unspecified",
+            json!({ "allOf": [{ "anyOf": [{ "properties": { "c": { "pattern": "^c" } } }] }] }),
+            false,
+        ),
+        (
+            "unspecified item field",
+            json!({ "anyOf": [{ "properties": { "list": { "items": { "properties": { "y": { "minLength": 1 } } } } } }] }),
+            false,
+        ),
+        (
+            "items of a string",
+            json!({ "not": { "properties": { "a": { "items": { "maxItems": 1 } } } } }),
+            false,
+        ),
+    ];
+    let api_server_takes = |schema: &Value| {
+        let crd = json!({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": { "name": "junctors.junctors.test" },
+            "spec": {
+                "group": "junctors.test",
+                "names": { "kind": "Junctor", "plural": "junctors" },
+                "scope": "Namespaced",
+                "versions": [{ "name": "v1", "served": true, "storage": true, "schema": { "openAPIV3Schema": schema } }],
+            },
+        });
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), crd.to_string()).unwrap();
+        crate::support::cluster::kubectl(
+            cp,
+            &[
+                "create",
+                "--dry-run=server",
+                "-f",
+                &file.path().display().to_string(),
+            ],
+        )
+    };
+    for (name, junctors, at_root) in cases {
+        let spec = json!({ "type": "object", "properties": structure });
+        // In `spec`: the API server takes them all.
+        let mut in_spec = spec.clone();
+        for (k, v) in junctors.as_object().unwrap() {
+            in_spec[k] = v.clone();
+        }
+        // At the root, over `spec`.
+        let below_root = json!({ "type": "object", "properties": { "spec": in_spec } });
+        let root = json!({
+            "type": "object",
+            "properties": { "spec": spec },
+            "allOf": [{ "properties": { "spec": junctors } }],
+        });
+        for (place, schema, expected) in [
+            ("in spec", below_root, true),
+            ("at the root", root, at_root),
+        ] {
+            let problems = host::kube_schema::structural_problems(&schema, "openAPIV3Schema");
+            let (accepted, out) = api_server_takes(&schema);
+            assert_eq!(
+                accepted, expected,
+                "{name} {place}: the API server says {out}"
+            );
+            assert_eq!(
+                problems.is_empty(),
+                accepted,
+                "{name} {place}: the API server says {out}; the host says {problems:#?}"
+            );
+        }
+    }
+}
