@@ -77,8 +77,11 @@ pub struct Report {
     /// What the examples' renders warned of (contract 1.1): `FILE: field: message`. Warnings
     /// do not fail the check.
     pub warnings: Vec<String>,
-    /// True when no check failed.
+    /// True when no check failed (false when the checks could not run).
     pub passed: bool,
+    /// Why the checks could not run at all (the plugin or an example could not be read).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 impl Report {
@@ -93,6 +96,16 @@ impl Report {
             findings: Vec::new(),
             warnings: Vec::new(),
             passed: true,
+            error: None,
+        }
+    }
+
+    /// The report of checks that could not run: `source` and why.
+    pub fn not_run(source: &str, error: String) -> Self {
+        Self {
+            passed: false,
+            error: Some(error),
+            ..Self::new(source)
         }
     }
 
@@ -348,7 +361,7 @@ pub fn check(
             Err(e) => failed.push(format!("{}: {}: {e}", example.source, e.reason())),
         }
     }
-    if failed.is_empty() {
+    if !rendered.is_empty() {
         report.add(
             "render",
             Outcome::Pass,
@@ -357,8 +370,10 @@ pub fn check(
                 rendered.len()
             ),
         );
-    } else {
-        report.add("render", Outcome::Fail, failed.join("\n"));
+    }
+    // One entry for each example that failed, each naming its file and resource.
+    for failure in failed {
+        report.add("render", Outcome::Fail, failure);
     }
     if rendered.is_empty() {
         report.skip_from(&later[3..], "not run: no example rendered");

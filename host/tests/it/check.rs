@@ -48,7 +48,18 @@ fn check_within(timeout: &str, args: &[&str]) -> (i32, Value) {
     (code, report)
 }
 
-/// The finding of `check` in `report`: its outcome and detail.
+/// The details of the failing findings of `check` in `report`, in order.
+fn failures(report: &Value, check: &str) -> Vec<String> {
+    report["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .filter(|f| f["check"] == check && f["outcome"] == "fail")
+        .map(|f| f["detail"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// The first finding of `check` in `report`: its outcome and detail.
 fn finding(report: &Value, check: &str) -> (String, String) {
     let f = report["findings"]
         .as_array()
@@ -250,14 +261,29 @@ fn each_defect_of_the_hostile_guest_fails_its_check() {
         let (code, report) = check_within(timeout, &[test_guests::HOSTILE, &ok, &example]);
         assert_eq!(code, 1, "{mode}: {report:#}");
         assert_eq!(report["passed"], false);
-        let (outcome, detail) = finding(&report, "render");
-        assert_eq!(outcome, "fail", "{mode}: {report:#}");
+        // One entry for the example that rendered, one for the one that failed.
+        let failures = failures(&report, "render");
+        assert_eq!(failures.len(), 1, "{mode}: {report:#}");
+        assert_eq!(finding(&report, "render").0, "pass", "{mode}: {report:#}");
+        let detail = &failures[0];
         assert!(detail.contains(&format!("{mode}.yaml")), "{mode}: {detail}");
         assert!(detail.contains(says), "{mode}: no `{says}` in {detail}");
         assert!(!detail.contains("ok.yaml"), "{mode}: {detail}");
         // What did render is still checked for purity.
         assert_eq!(finding(&report, "pure").0, "pass", "{mode}: {report:#}");
     }
+
+    // Each example that fails is an entry of its own.
+    let (panic, error) = (
+        hostile_example(dir.path(), "panic"),
+        hostile_example(dir.path(), "error"),
+    );
+    let (code, report) = check_json(&[test_guests::HOSTILE, &panic, &error]);
+    assert_eq!(code, 1, "{report:#}");
+    let failures = failures(&report, "render");
+    assert_eq!(failures.len(), 2, "{report:#}");
+    assert!(failures[0].contains("panic.yaml") && !failures[0].contains("error.yaml"));
+    assert!(failures[1].contains("error.yaml") && !failures[1].contains("panic.yaml"));
 
     // State kept between calls: each fresh instance gives the same bytes, a second call in one
     // instance does not.
@@ -365,6 +391,21 @@ fn what_cannot_be_checked_exits_2_naming_the_file() {
         err.contains("bad.yaml") && err.contains("metadata.name"),
         "{err}"
     );
+    // With -o json, a report too, saying why nothing was checked.
+    for args in [
+        &["no-such-plugin.wasm"][..],
+        &[test_guests::HOSTILE, &bad.display().to_string()],
+    ] {
+        let (code, report) = check_json(args);
+        assert_eq!(code, 2, "{report:#}");
+        assert_eq!(report["passed"], false, "{report:#}");
+        assert_eq!(report["findings"], serde_json::json!([]), "{report:#}");
+        let error = report["error"].as_str().unwrap_or_default();
+        assert!(
+            error.contains("no-such-plugin.wasm") || error.contains("bad.yaml"),
+            "{report:#}"
+        );
+    }
 }
 
 /// Every file under `dir`.
