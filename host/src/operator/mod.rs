@@ -21,6 +21,7 @@ mod discovery;
 pub mod lease;
 mod live;
 pub mod metrics;
+pub mod offline;
 pub mod plugins;
 mod reconcile;
 mod report;

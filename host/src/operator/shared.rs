@@ -179,10 +179,7 @@ impl KindCtx {
             .registry()
             .lookup(&self.ar.api_version, &self.ar.kind)
         {
-            Ok((p, _)) => (
-                p.name().to_owned(),
-                format!("{}@{} ({})", p.name(), p.info().version, &p.sha256()[..12]),
-            ),
+            Ok((p, _)) => (p.name().to_owned(), super::status::plugin_label(p)),
             Err(e) => (String::new(), e.to_string()),
         }
     }

@@ -20,6 +20,16 @@ pub(crate) struct Child {
     pub observed: Option<(Option<i64>, Option<super::live::Counts>)>,
 }
 
+/// How the status names the plugin that reconciled: `NAME@VERSION (SHA256 prefix)`.
+pub(crate) fn plugin_label(plugin: &crate::plugin::Plugin) -> String {
+    format!(
+        "{}@{} ({})",
+        plugin.name(),
+        plugin.info().version,
+        &plugin.sha256()[..12]
+    )
+}
+
 /// A child that was not applied, and why.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Skipped {

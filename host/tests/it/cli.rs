@@ -240,3 +240,99 @@ fn the_charts_rbac_is_what_host_rbac_prints() {
     );
     assert!(!committed.contains('*'), "a wildcard in:\n{committed}");
 }
+
+/// `host render --observed`: the status the operator would write, from children as a cluster
+/// reports them: each judged ready as the operator judges it, and a 1.1 plugin's own fields
+/// (the KVCluster's `readyNodes`) from them.
+#[test]
+fn render_with_observed_children_prints_the_status_the_operator_would_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let example = crate::support::root().join("examples/kvcluster.yaml");
+    let observed = |ready: u32, service: bool| {
+        let mut text = format!(
+            "apiVersion: apps/v1\nkind: StatefulSet\nmetadata: {{name: my-raft-db, namespace: default, generation: 2}}\n\
+             spec: {{replicas: 3}}\nstatus: {{observedGeneration: 2, replicas: 3, readyReplicas: {ready}, updatedReplicas: 3}}\n"
+        );
+        if service {
+            text.push_str("---\napiVersion: v1\nkind: Service\nmetadata: {name: my-raft-db-service, namespace: default}\nspec: {clusterIP: None}\n");
+        }
+        let path = dir.join(format!("observed-{ready}-{service}.yaml"));
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let status = |observed: &str| -> serde_json::Value {
+        let out = crate::support::host_in(
+            dir,
+            &[
+                "render",
+                "--observed",
+                observed,
+                &example.display().to_string(),
+            ],
+        );
+        let text = crate::support::succeeded("host render --observed", out);
+        let docs = host::documents::values(&text).unwrap();
+        assert_eq!(
+            docs[0]["kind"], "KVCluster",
+            "the resource comes first: {text}"
+        );
+        assert_eq!(docs.len(), 3, "then its children: {text}");
+        docs[0]["status"].clone()
+    };
+    let ready = |s: &serde_json::Value| {
+        s["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Ready")
+            .cloned()
+            .unwrap()
+    };
+
+    let all = status(&observed(3, true));
+    assert_eq!(ready(&all)["status"], "True", "{all:#}");
+    assert_eq!(all["readyNodes"], 3, "the plugin's own field: {all:#}");
+    assert_eq!(all["children"][0]["message"], "3/3 ready", "{all:#}");
+
+    let two = status(&observed(2, true));
+    assert_eq!(ready(&two)["reason"], "Progressing", "{two:#}");
+    assert_eq!(two["readyNodes"], 2, "{two:#}");
+    assert!(
+        ready(&two)["message"]
+            .as_str()
+            .unwrap()
+            .contains("StatefulSet my-raft-db: 2/3 ready"),
+        "{two:#}"
+    );
+
+    // A child not given is not ready, and says so.
+    let missing = status(&observed(3, false));
+    assert_eq!(ready(&missing)["status"], "False", "{missing:#}");
+    assert!(
+        ready(&missing)["message"]
+            .as_str()
+            .unwrap()
+            .contains("Service my-raft-db-service: not observed"),
+        "{missing:#}"
+    );
+
+    // An observed document that is not an object says which field it lacks, and where.
+    let bad = dir.join("bad.yaml");
+    std::fs::write(&bad, "apiVersion: v1\nkind: Service\nmetadata: {}\n").unwrap();
+    let out = crate::support::host_in(
+        dir,
+        &[
+            "render",
+            "--observed",
+            &bad.display().to_string(),
+            &example.display().to_string(),
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("bad.yaml: document 1") && stderr.contains("metadata.name"),
+        "{stderr}"
+    );
+}
