@@ -249,7 +249,7 @@ pub async fn seen(reference: &Reference, options: &oci::Options) -> Result<Vec<S
         .into_iter()
         .map(|f| Seen {
             format: f.format.to_owned(),
-            names_this_digest: f.names.iter().any(|n| *n == digest),
+            names_this_digest: f.names.contains(&digest),
             certificate: f.certificate.as_ref().map(|(leaf, _)| {
                 trust::names_of(leaf).map_or_else(|why| why, |named| named.to_string())
             }),
