@@ -139,6 +139,13 @@ pub enum Source {
         name: String,
         wasm: Vec<u8>,
     },
+    /// A plugin the store of pulled plugins keeps by digest: loaded from the compile cache
+    /// without reading it when it was compiled before.
+    Kept {
+        /// What errors and logs call it (`oci://registry/repository@sha256:...`).
+        name: String,
+        kept: crate::oci::Kept,
+    },
 }
 
 /// The loaded plugins and the Kinds they serve.
@@ -195,6 +202,18 @@ impl Registry {
             let plugin = match source {
                 Source::File(path) => runtime.load_file(path, &registry.ctx)?,
                 Source::Wasm { name, wasm } => runtime.load(wasm, name, &registry.ctx)?,
+                Source::Kept { name, kept } => runtime.load_by_digest(
+                    &kept.sha256,
+                    kept.size,
+                    || {
+                        kept.read().map_err(|e| Error::Load {
+                            plugin: name.clone(),
+                            reason: e.to_string(),
+                        })
+                    },
+                    name,
+                    &registry.ctx,
+                )?,
             };
             registry.add(plugin, true)?;
         }

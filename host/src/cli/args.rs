@@ -116,7 +116,7 @@ impl PluginArgs {
         // Read at start, so that a policy that cannot be used is said whatever the plugins.
         let policy = self.signature_policy()?;
         // Read once, and only when a plugin is given by reference.
-        let mut options = None;
+        let mut read_options: Option<crate::oci::Options> = None;
         let store = self.sandbox.store();
         let mut sources = Vec::new();
         for plugin in &self.plugins {
@@ -125,30 +125,47 @@ impl PluginArgs {
                 continue;
             };
             let reference = crate::oci::Reference::parse(plugin)?;
-            let options = match &options {
-                Some(o) => o,
-                None => options.insert(self.registries.options()?),
+            let mut options = || -> Result<crate::oci::Options, Error> {
+                match &read_options {
+                    Some(o) => Ok(o.clone()),
+                    None => Ok(read_options.insert(self.registries.options()?).clone()),
+                }
             };
-            let pulled = crate::publish::block_on(crate::oci::pull(
-                &reference,
-                options,
-                store.as_ref(),
-                self.require_digest,
-            ))??;
-            let name = format!("{}{}", crate::oci::SCHEME, pulled.reference);
+            // Kept by digest: nothing is asked of the registry, and the layer is not even read
+            // when it was compiled before.
+            let (pinned, source) = match store.as_ref().and_then(|s| crate::oci::kept(&reference, s)) {
+                Some(kept) => {
+                    let name = format!("{}{}", crate::oci::SCHEME, kept.reference);
+                    tracing::info!(plugin = %name, "plugin kept by digest");
+                    (kept.reference.clone(), Source::Kept { name, kept })
+                }
+                None => {
+                    let pulled = crate::publish::block_on(crate::oci::pull(
+                        &reference,
+                        &options()?,
+                        store.as_ref(),
+                        self.require_digest,
+                    ))??;
+                    let name = format!("{}{}", crate::oci::SCHEME, pulled.reference);
+                    if reference.digest.is_none() {
+                        // A tag is resolved once; from here on the digest is what is served.
+                        eprintln!("host: {plugin} is {name}");
+                    }
+                    tracing::info!(plugin = %name, from_store = pulled.cached, "plugin pulled and checked against its digest");
+                    (
+                        pulled.reference,
+                        Source::Wasm {
+                            name,
+                            wasm: pulled.wasm,
+                        },
+                    )
+                }
+            };
             if let Some(policy) = &policy {
-                let verdict = crate::publish::block_on(policy.check(&pulled.reference, options))??;
-                tracing::info!(plugin = %name, "{verdict}");
+                let verdict = crate::publish::block_on(policy.check(&pinned, &options()?))??;
+                tracing::info!(plugin = %pinned, "{verdict}");
             }
-            if reference.digest.is_none() {
-                // A tag is resolved once; from here on the digest is what is served.
-                eprintln!("host: {plugin} is {name}");
-            }
-            tracing::info!(plugin = %name, from_store = pulled.cached, "plugin pulled and checked against its digest");
-            sources.push(Source::Wasm {
-                name,
-                wasm: pulled.wasm,
-            });
+            sources.push(source);
         }
         Ok(Registry::load_sources(
             runtime,

@@ -337,6 +337,55 @@ pub struct Pulled {
     pub cached: bool,
 }
 
+/// A plugin the store keeps whole, located by its digest and not yet read.
+#[derive(Debug, Clone)]
+pub struct Kept {
+    /// The reference, pinned to the manifest's digest.
+    pub reference: Reference,
+    /// The sha256 of its Wasm layer, in hex: what the compile cache knows it by.
+    pub sha256: String,
+    /// The layer's size in bytes.
+    pub size: usize,
+    /// The layer's media type.
+    pub media_type: String,
+    blob: std::path::PathBuf,
+}
+
+impl Kept {
+    /// Its bytes, checked against the layer's digest.
+    pub fn read(&self) -> Result<Vec<u8>, Error> {
+        let wasm = std::fs::read(&self.blob).map_err(|source| Error::Io {
+            path: self.blob.clone(),
+            source,
+        })?;
+        let actual = digest(&wasm);
+        if actual != format!("sha256:{}", self.sha256) {
+            return Err(Error::Digest {
+                what: format!("the kept layer of {}", self.reference),
+                expected: format!("sha256:{}", self.sha256),
+                actual,
+            });
+        }
+        Ok(wasm)
+    }
+}
+
+/// The plugin `reference` names by digest, when `store` keeps it whole: its manifest read and
+/// checked, its layer located and not read (a plugin compiled before loads from the compile
+/// cache without its bytes: [`crate::plugin::Runtime::load_by_digest`]).
+pub fn kept(reference: &Reference, store: &Store) -> Option<Kept> {
+    let manifest_digest = reference.digest.as_deref()?;
+    let (manifest, layer, size, blob) = store.locate(manifest_digest)?;
+    let (_, media_type) = wasm_layer(reference, &manifest).ok()?;
+    Some(Kept {
+        reference: reference.clone(),
+        sha256: layer.strip_prefix("sha256:")?.to_owned(),
+        size,
+        media_type,
+        blob,
+    })
+}
+
 /// Pulls the plugin `reference` names, checked against its digests; from `store` when it holds
 /// that digest (no network), and kept there after a pull. A tag is resolved to a digest by the
 /// registry first, or refused when `require_digest`.

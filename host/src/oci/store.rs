@@ -36,6 +36,20 @@ impl Store {
         (wasm.len() == size && digest(&wasm) == layer).then_some((manifest, wasm))
     }
 
+    /// The manifest with digest `manifest_digest` (read and checked: it is small) and where its
+    /// Wasm layer is kept, with the layer's digest and size, when a file of that size is there.
+    /// The layer is not read: whoever reads it checks it ([`super::Kept::read`]).
+    pub fn locate(&self, manifest_digest: &str) -> Option<(Vec<u8>, String, usize, PathBuf)> {
+        let manifest = std::fs::read(self.path("manifests", manifest_digest)).ok()?;
+        if digest(&manifest) != manifest_digest {
+            return None;
+        }
+        let ((layer, size), _) = super::wasm_layer(&manifest_digest, &manifest).ok()?;
+        let blob = self.path("blobs", &layer);
+        let on_disk = std::fs::metadata(&blob).ok()?.len();
+        (usize::try_from(on_disk).ok() == Some(size)).then_some((manifest, layer, size, blob))
+    }
+
     /// Keeps a manifest and its Wasm layer (both already checked against their digests).
     pub fn put(&self, manifest_digest: &str, manifest: &[u8], wasm: &[u8]) -> Result<(), Error> {
         write(&self.path("blobs", &digest(wasm)), wasm)?;
@@ -71,8 +85,19 @@ mod tests {
         assert!(store.get(&d).is_none());
         store.put(&d, &manifest, b"\0asm").unwrap();
         assert_eq!(store.get(&d).unwrap().1, b"\0asm");
+        // Located without reading the layer; read, it is checked.
+        let reference =
+            super::super::Reference::parse(&format!("registry.example/p@{d}")).unwrap();
+        let kept = super::super::kept(&reference, &store).unwrap();
+        assert_eq!(format!("sha256:{}", kept.sha256), digest(b"\0asm"));
+        assert_eq!(kept.read().unwrap(), b"\0asm");
         // A damaged layer is not used.
         std::fs::write(store.path("blobs", &digest(b"\0asm")), b"\0asX").unwrap();
         assert!(store.get(&d).is_none());
+        let e = kept.read().unwrap_err();
+        assert!(e.to_string().contains("kept layer"), "{e}");
+        // One of another size is not even located.
+        std::fs::write(store.path("blobs", &digest(b"\0asm")), b"\0asm!").unwrap();
+        assert!(super::super::kept(&reference, &store).is_none());
     }
 }

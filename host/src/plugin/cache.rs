@@ -64,6 +64,38 @@ impl Cache {
         ))
     }
 
+    /// The compiled component of the wasm with this sha256, when this cache holds it: nothing
+    /// but the compiled file is read.
+    pub(crate) fn load_compiled(&self, engine: &Engine, sha256: &str) -> Option<Component> {
+        let path = self.path(engine, sha256);
+        if !path.is_file() {
+            return None;
+        }
+        // SAFETY: the file is one this host wrote with `Engine::precompile_component` for the
+        // same wasm (its sha256 is in the name) and an engine with the same compatibility
+        // hash and wasmtime version (also in the name); wasmtime checks the header, version
+        // and engine settings again while deserializing. The file is mapped, not copied: the
+        // host only ever replaces cache files by renaming a whole new file over them (see
+        // `write_atomically`), which leaves a mapped file's contents as they were. The cache
+        // directory belongs to the operator and is never visible to plugins; whoever can
+        // write it can already change what the host runs.
+        #[allow(
+            unsafe_code,
+            reason = "loading our own precompiled component, see SAFETY"
+        )]
+        let loaded = unsafe { Component::deserialize_file(engine, &path) };
+        match loaded {
+            Ok(c) => {
+                touch(&path);
+                Some(c)
+            }
+            Err(e) => {
+                tracing::warn!(path = %path.display(), "ignoring unusable cached component: {e:#}");
+                None
+            }
+        }
+    }
+
     /// Loads the compiled component, compiling and storing it first when it is not cached; the
     /// flag says whether it came from the cache. A cache that cannot be written is logged and
     /// skipped; it never fails a load.
@@ -73,31 +105,10 @@ impl Cache {
         wasm: &[u8],
         sha256: &str,
     ) -> wasmtime::Result<(Component, bool)> {
-        let path = self.path(engine, sha256);
-        if path.is_file() {
-            // SAFETY: the file is one this host wrote with `Engine::precompile_component` for the
-            // same wasm (its sha256 is in the name) and an engine with the same compatibility
-            // hash and wasmtime version (also in the name); wasmtime checks the header, version
-            // and engine settings again while deserializing. The file is mapped, not copied: the
-            // host only ever replaces cache files by renaming a whole new file over them (see
-            // `write_atomically`), which leaves a mapped file's contents as they were. The cache
-            // directory belongs to the operator and is never visible to plugins; whoever can
-            // write it can already change what the host runs.
-            #[allow(
-                unsafe_code,
-                reason = "loading our own precompiled component, see SAFETY"
-            )]
-            let loaded = unsafe { Component::deserialize_file(engine, &path) };
-            match loaded {
-                Ok(c) => {
-                    touch(&path);
-                    return Ok((c, true));
-                }
-                Err(e) => {
-                    tracing::warn!(path = %path.display(), "ignoring unusable cached component: {e:#}");
-                }
-            }
+        if let Some(component) = self.load_compiled(engine, sha256) {
+            return Ok((component, true));
         }
+        let path = self.path(engine, sha256);
         let compiled = engine.precompile_component(wasm)?;
         if let Err(e) = self.write_entry(&path, &compiled) {
             tracing::warn!(path = %path.display(), "cannot cache the compiled component: {e}");

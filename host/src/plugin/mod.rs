@@ -308,10 +308,53 @@ impl Runtime {
             },
             anatomy: None,
         })?;
+        self.link(component, from_cache, sha256, wasm.len(), source, ctx)
+    }
+
+    /// Loads the plugin whose bytes have this `sha256` (hex) and `size`: from the compile cache
+    /// alone when it holds it (the bytes are not read, nor hashed: what names them by digest, a
+    /// pull checked against it, vouches for them), else from the bytes `wasm` reads, which must
+    /// be checked against `sha256` by whoever gives them.
+    pub fn load_by_digest(
+        &self,
+        sha256: &str,
+        size: usize,
+        wasm: impl FnOnce() -> Result<Vec<u8>>,
+        source: &str,
+        ctx: &Context,
+    ) -> Result<Plugin> {
+        let failed = |failure: LoadFailure| Error::Load {
+            plugin: source.to_owned(),
+            reason: failure.reason,
+        };
+        if let Some(component) = self
+            .cache
+            .as_ref()
+            .and_then(|cache| cache.load_compiled(&self.engine, sha256))
+        {
+            return self
+                .link(component, true, sha256.to_owned(), size, source, ctx)
+                .map(|(plugin, _)| plugin)
+                .map_err(failed);
+        }
+        self.load_hashed(&wasm()?, sha256.to_owned(), source, ctx)
+    }
+
+    /// The steps of a load after the compile: what the component is, its exports and imports
+    /// checked against the contract and the sandbox, linked, and its description.
+    fn link(
+        &self,
+        component: Component,
+        from_cache: bool,
+        sha256: String,
+        size: usize,
+        source: &str,
+        ctx: &Context,
+    ) -> std::result::Result<(Plugin, Anatomy), LoadFailure> {
         let ty = component.component_type();
         let anatomy = Anatomy {
             sha256: sha256.clone(),
-            size: wasm.len(),
+            size,
             imports: ty
                 .imports(&self.engine)
                 .map(|(n, _)| n.to_owned())
@@ -854,6 +897,57 @@ fn parse_manifests(
 mod tests {
     use super::*;
     use bindings::wasm_operator::plugin::types::RenderError as WitRenderError;
+
+    #[test]
+    fn a_plugin_known_by_digest_loads_from_the_compile_cache_without_its_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let runtime = Runtime::new(Limits::default(), Some(Cache::new(dir.path()))).unwrap();
+        let ctx = Context::default();
+        let b = BUILTINS.iter().find(|b| b.name == "kvcluster").unwrap();
+        // Not compiled yet: the bytes are read.
+        let mut read = 0;
+        let first = runtime
+            .load_by_digest(
+                b.sha256,
+                b.wasm.len(),
+                || {
+                    read += 1;
+                    Ok(b.wasm.to_vec())
+                },
+                "kvcluster",
+                &ctx,
+            )
+            .unwrap();
+        assert_eq!((read, first.from_cache()), (1, false));
+        // Compiled: they are not.
+        let second = runtime
+            .load_by_digest(
+                b.sha256,
+                b.wasm.len(),
+                || panic!("read though compiled"),
+                "kvcluster",
+                &ctx,
+            )
+            .unwrap();
+        assert!(second.from_cache());
+        assert_eq!(second.sha256(), b.sha256);
+        // A reader's error is the load's.
+        let e = runtime
+            .load_by_digest(
+                &"0".repeat(64),
+                1,
+                || {
+                    Err(Error::Load {
+                        plugin: "p".into(),
+                        reason: "damaged".into(),
+                    })
+                },
+                "p",
+                &ctx,
+            )
+            .unwrap_err();
+        assert!(e.to_string().contains("damaged"), "{e}");
+    }
 
     fn limits(output_bytes: usize, max_manifests: usize) -> Limits {
         Limits {
