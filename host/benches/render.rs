@@ -302,7 +302,13 @@ fn by_digest(runtime: &Runtime, wasm: &[u8], ctx: &Context) -> Duration {
     let load = || {
         let kept = host::oci::kept(&reference, &store).expect("kept by digest");
         runtime
-            .load_by_digest(&kept.sha256, kept.size, || unreachable!("compiled before"), "p", ctx)
+            .load_by_digest(
+                &kept.sha256,
+                kept.size,
+                || unreachable!("compiled before"),
+                "p",
+                ctx,
+            )
             .unwrap()
     };
     assert!(load().from_cache());

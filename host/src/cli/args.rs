@@ -133,7 +133,10 @@ impl PluginArgs {
             };
             // Kept by digest: nothing is asked of the registry, and the layer is not even read
             // when it was compiled before.
-            let (pinned, source) = match store.as_ref().and_then(|s| crate::oci::kept(&reference, s)) {
+            let (pinned, source) = match store
+                .as_ref()
+                .and_then(|s| crate::oci::kept(&reference, s))
+            {
                 Some(kept) => {
                     let name = format!("{}{}", crate::oci::SCHEME, kept.reference);
                     tracing::info!(plugin = %name, "plugin kept by digest");

@@ -86,8 +86,7 @@ mod tests {
         store.put(&d, &manifest, b"\0asm").unwrap();
         assert_eq!(store.get(&d).unwrap().1, b"\0asm");
         // Located without reading the layer; read, it is checked.
-        let reference =
-            super::super::Reference::parse(&format!("registry.example/p@{d}")).unwrap();
+        let reference = super::super::Reference::parse(&format!("registry.example/p@{d}")).unwrap();
         let kept = super::super::kept(&reference, &store).unwrap();
         assert_eq!(format!("sha256:{}", kept.sha256), digest(b"\0asm"));
         assert_eq!(kept.read().unwrap(), b"\0asm");

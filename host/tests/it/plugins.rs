@@ -472,3 +472,77 @@ async fn a_javascript_plugin_is_pushed_loaded_by_a_plugin_resource_and_reconcile
 
     operator.stop().await;
 }
+
+/// The Python example plugin (componentize-py) as its author would ship it: `host push`, a
+/// `Plugin` naming the digest printed, its `Redirect` reconciled to Ready with the plugin's own
+/// status fields, and `kubectl get` showing the column the plugin declares.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_plugin_is_pushed_loaded_by_a_plugin_resource_and_reconciled() {
+    let cp = ControlPlane::start().unwrap();
+    let _logs = cp.logs_on_failure();
+    let registry = Registry::start(RegistryOptions::default()).unwrap();
+    let wasm = testenv::redirect_plugin().expect("scripts/py-plugin builds it");
+    let cache = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_host"))
+        .args(["push", &wasm.display().to_string()])
+        .arg(format!("{}/plugins/redirect:0.1.0", registry.addr()))
+        .env("WASM_OPERATOR_CACHE", cache.path())
+        .output()
+        .unwrap();
+    let pinned = crate::support::succeeded("host push", out)
+        .trim()
+        .to_owned();
+
+    install_plugin_crd(&cp);
+    let runtime = host::plugin::Runtime::new(
+        host::plugin::Limits::default(),
+        Some(crate::support::cache()),
+    )
+    .unwrap();
+    let operator = Operator::run(
+        cp.client().await.unwrap(),
+        host::registry::Registry::load(&runtime, Default::default(), false, &[]).unwrap(),
+        settings_for(&runtime, cache.path()),
+    );
+    apply_cluster(&cp, &plugin("redirect", &pinned));
+    wait_for(&cp, "Ready", "plugins.wasm-operator.dev/redirect");
+    let admin = cp.client().await.unwrap();
+    let ns = cp.namespace(&admin, "redirect").await.unwrap();
+    let example = std::fs::read_to_string(
+        crate::support::root().join("examples/plugins/redirect/redirect.yaml"),
+    )
+    .unwrap();
+    apply(&cp, &ns, &example);
+    wait_ready(&cp, &ns, "redirects.redirects.example.com/old-docs");
+    let conf = get(&cp, &ns, "configmap/old-docs-conf").expect("the server's ConfigMap");
+    assert!(
+        conf["data"]["default.conf"]
+            .as_str()
+            .unwrap()
+            .contains("return 301 https://docs.example.com/;"),
+        "{conf}"
+    );
+    let deployment = get(&cp, &ns, "deployment/old-docs").expect("the Deployment");
+    assert_eq!(deployment["status"]["readyReplicas"], 2, "{deployment}");
+    // The plugin's own status fields, from the children the operator observed.
+    let redirect = get(&cp, &ns, "redirects.redirects.example.com/old-docs").unwrap();
+    assert_eq!(
+        redirect["status"]["target"], "https://docs.example.com/",
+        "{redirect}"
+    );
+    eventually(
+        "the plugin's status to count the available replicas",
+        Duration::from_secs(30),
+        || {
+            get(&cp, &ns, "redirects.redirects.example.com/old-docs")
+                .is_some_and(|r| r["status"]["availableReplicas"] == 2)
+        },
+    )
+    .await;
+    let table = kubectl_ok(&cp, &["get", "-n", &ns, "redirects"]);
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert!(header.contains(&"TO"), "the plugin's column: {table}");
+    assert!(table.contains("https://docs.example.com/"), "{table}");
+
+    operator.stop().await;
+}

@@ -177,6 +177,13 @@ pub fn static_site_plugin() -> Result<PathBuf> {
     built("STATIC_SITE_WASM", "scripts/js-plugin")
 }
 
+/// The Python example plugin (`examples/plugins/redirect`), built with componentize-py:
+/// `$REDIRECT_WASM`, else what `scripts/py-plugin` prints (it builds it the first time, and
+/// caches it).
+pub fn redirect_plugin() -> Result<PathBuf> {
+    built("REDIRECT_WASM", "scripts/py-plugin")
+}
+
 /// The path in `$variable`, else the last line `script` (a builder that caches what it builds)
 /// prints.
 fn built(variable: &str, script: &str) -> Result<PathBuf> {
