@@ -233,49 +233,50 @@ fn main() {
             first.as_secs_f64() * 1e3
         );
     }
-    // The JavaScript example plugin (componentize-js: the JS engine and the script, snapshotted
-    // into one 12 MB component), built by scripts/js-plugin: the same measures.
-    match testenv::static_site_plugin() {
-        Ok(path) => {
-            let wasm = std::fs::read(&path).unwrap();
-            let dir = tempfile::tempdir().unwrap();
-            let fresh_cache =
-                Runtime::new(Limits::default(), Some(Cache::new(dir.path()))).unwrap();
-            let start = Instant::now();
-            black_box(fresh_cache.load(&wasm, "static-site", &ctx).unwrap());
-            let first = start.elapsed();
-            let file = measure(|| {
-                black_box(fresh_cache.load(&wasm, "static-site", &ctx).unwrap());
-            });
-            let digest = by_digest(&fresh_cache, &wasm, &ctx);
-            let text = std::fs::read_to_string(root.join("examples/plugins/static-site/site.yaml"))
-                .unwrap();
-            let docs = documents::parse("site.yaml", &text).unwrap();
-            let r = documents::resource(&docs[0].value).unwrap();
-            let load_and_render = measure(|| {
-                let plugin = fresh_cache.load(&wasm, "static-site", &ctx).unwrap();
-                black_box(plugin.render_text(&r, &ctx).unwrap());
-            });
-            let plugin = fresh_cache.load(&wasm, "static-site", &ctx).unwrap();
-            let render = measure(|| {
-                black_box(plugin.render_text(&r, &ctx).unwrap());
-            });
-            let describe = measure(|| {
-                black_box(plugin.describe(&ctx).unwrap());
-            });
-            let ms = |d: Duration| format!("{:.3}", d.as_secs_f64() * 1e3);
-            println!(
-                "| static-site (JavaScript) | {} KiB | | {} (target ≤ 1) | {} | {} | {} | {} | {:.0} |",
-                wasm.len() / 1024,
-                ms(digest),
-                ms(file),
-                ms(load_and_render),
-                ms(render),
-                ms(describe),
-                first.as_secs_f64() * 1e3
-            );
-        }
-        Err(e) => println!("| static-site (JavaScript) | not built: {e} | | | | | | | |"),
+    // The example plugins in interpreted languages, each an interpreter and its script
+    // snapshotted into one component: JavaScript (componentize-js, scripts/js-plugin) and
+    // Python (componentize-py, scripts/py-plugin). The same measures.
+    for (label, built, example) in interpreted() {
+        let path = match built {
+            Ok(path) => path,
+            Err(e) => {
+                println!("| {label} | not built: {e} | | | | | | | |");
+                continue;
+            }
+        };
+        let wasm = std::fs::read(&path).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let fresh_cache = Runtime::new(Limits::default(), Some(Cache::new(dir.path()))).unwrap();
+        let start = Instant::now();
+        black_box(fresh_cache.load(&wasm, label, &ctx).unwrap());
+        let first = start.elapsed();
+        let file = measure(|| {
+            black_box(fresh_cache.load(&wasm, label, &ctx).unwrap());
+        });
+        let digest = by_digest(&fresh_cache, &wasm, &ctx);
+        let r = example_resource(&root.join(example));
+        let load_and_render = measure(|| {
+            let plugin = fresh_cache.load(&wasm, label, &ctx).unwrap();
+            black_box(plugin.render_text(&r, &ctx).unwrap());
+        });
+        let plugin = fresh_cache.load(&wasm, label, &ctx).unwrap();
+        let render = measure(|| {
+            black_box(plugin.render_text(&r, &ctx).unwrap());
+        });
+        let describe = measure(|| {
+            black_box(plugin.describe(&ctx).unwrap());
+        });
+        let ms = |d: Duration| format!("{:.3}", d.as_secs_f64() * 1e3);
+        println!(
+            "| {label} | {} KiB | | {} (target ≤ 1) | {} | {} | {} | {} | {:.0} |",
+            wasm.len() / 1024,
+            ms(digest),
+            ms(file),
+            ms(load_and_render),
+            ms(render),
+            ms(describe),
+            first.as_secs_f64() * 1e3
+        );
     }
     println!(
         "\nA load from the cache maps the compiled component, links it (instance-pre) and reads the description \
@@ -285,6 +286,7 @@ fn main() {
          in as a render first runs them: the column with one render shows that cost with the load. The first load \
          compiles and calls describe() in a fresh instance."
     );
+    memory(&ctx, &sample);
 }
 
 /// The time to load `wasm` as a plugin pulled by digest whose compiled form `runtime`'s cache
@@ -315,4 +317,88 @@ fn by_digest(runtime: &Runtime, wasm: &[u8], ctx: &Context) -> Duration {
     measure(|| {
         black_box(load());
     })
+}
+
+/// The example plugins in interpreted languages: a label, the component (built by its script)
+/// and an example resource of its Kind.
+fn interpreted() -> Vec<(&'static str, testenv::Result<PathBuf>, &'static str)> {
+    vec![
+        (
+            "static-site (JavaScript)",
+            testenv::static_site_plugin(),
+            "examples/plugins/static-site/site.yaml",
+        ),
+        (
+            "redirect (Python)",
+            testenv::redirect_plugin(),
+            "examples/plugins/redirect/redirect.yaml",
+        ),
+    ]
+}
+
+/// The first resource of the YAML file at `path`.
+fn example_resource(path: &Path) -> Resource {
+    let text = std::fs::read_to_string(path).unwrap();
+    let docs = documents::parse(&path.display().to_string(), &text).unwrap();
+    documents::resource(&docs[0].value).unwrap()
+}
+
+/// The smallest memory cap (`--plugin-memory`, whole MiB) under which each plugin loads and
+/// renders its example, found by bisection with the host's own limiter: what a plugin of each
+/// language needs, against the 64 MiB default.
+fn memory(ctx: &Context, sample: &std::collections::BTreeMap<String, Resource>) {
+    println!("\n## Memory a render needs (MiB)\n");
+    println!("| plugin | smallest --plugin-memory that loads and renders its example | default |");
+    println!("|---|---:|---:|");
+    let fits = |wasm: &[u8], r: &Resource, mib: usize| {
+        let limits = Limits {
+            memory_bytes: mib << 20,
+            ..Limits::default()
+        };
+        let Ok(runtime) = Runtime::new(limits, None) else {
+            return false;
+        };
+        runtime
+            .load(wasm, "p", ctx)
+            .is_ok_and(|plugin| plugin.render_text(r, ctx).is_ok())
+    };
+    let smallest = |wasm: &[u8], r: &Resource| {
+        let (mut low, mut high) = (0usize, 64usize);
+        if !fits(wasm, r, high) {
+            return None;
+        }
+        // low does not fit (0 MiB), high does.
+        while high - low > 1 {
+            let mid = (low + high) / 2;
+            if fits(wasm, r, mid) {
+                high = mid;
+            } else {
+                low = mid;
+            }
+        }
+        Some(high)
+    };
+    let show = |label: &str, found: Option<usize>| match found {
+        Some(mib) => println!("| {label} | {mib} | 64 |"),
+        None => println!("| {label} | more than 64 | 64 |"),
+    };
+    for b in BUILTINS {
+        show(b.name, smallest(b.wasm, &sample[b.name]));
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    for (label, built, example) in interpreted() {
+        match built {
+            Ok(path) => {
+                let wasm = std::fs::read(path).unwrap();
+                show(
+                    label,
+                    smallest(&wasm, &example_resource(&root.join(example))),
+                );
+            }
+            Err(e) => println!("| {label} | not built: {e} | |"),
+        }
+    }
 }
