@@ -37,6 +37,7 @@ pub mod policy;
 pub mod publish;
 pub mod rbac;
 pub mod registry;
+pub mod scaffold;
 pub mod schema;
 pub mod signature;
 pub mod units;

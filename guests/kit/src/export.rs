@@ -1,6 +1,7 @@
 //! The component glue: WIT bindings (wasm only) and the adapter from them to [`crate::Plugin`].
 
-/// Bindings generated from `wit/plugin.wit`, shared by every guest that uses this crate.
+/// Bindings generated from this crate's `wit/plugin.wit` (the contract), shared by every guest
+/// that uses this crate.
 #[cfg(target_family = "wasm")]
 #[allow(
     unsafe_code,
@@ -9,7 +10,7 @@
 #[allow(missing_docs, reason = "generated code")]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../../wit",
+        path: "wit",
         world: "plugin",
         pub_export_macro: true,
         export_macro_name: "__export_plugin",

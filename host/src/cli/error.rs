@@ -56,6 +56,9 @@ pub enum Error {
         "nothing is trusted: give --key, or --trusted-root with --certificate-identity and --certificate-oidc-issuer"
     )]
     NothingTrusted,
+    /// A plugin project could not be written.
+    #[error(transparent)]
+    Scaffold(#[from] crate::scaffold::Error),
     /// Signatures could not be checked, or none counts.
     #[error(transparent)]
     Signature(#[from] crate::signature::Error),

@@ -19,6 +19,7 @@ mod dev;
 mod diff;
 mod error;
 mod inspect;
+mod new;
 mod pull;
 mod push;
 mod rbac;
@@ -35,6 +36,7 @@ pub use dev::DevArgs;
 pub use diff::DiffArgs;
 pub use error::Error;
 pub use inspect::InspectArgs;
+pub use new::NewArgs;
 pub use pull::PullArgs;
 pub use push::PushArgs;
 pub use rbac::RbacArgs;
@@ -117,6 +119,11 @@ pub enum Command {
     /// must name; offline but for the registry. Exit 0: signed by what is trusted; 1: not; 2:
     /// the check could not run.
     Verify(VerifyArgs),
+    /// Write a plugin project in Rust, JavaScript or Python that builds outside this
+    /// repository: the contract, the plugin, an example, and `./build.sh`, which builds the
+    /// component, checks it with its example, tests the status it computes and prints how to
+    /// push it.
+    New(NewArgs),
     /// Preview what `host run` would change in the cluster (the current kubeconfig's): each
     /// resource rendered as the operator renders it, each child sent as a server-side apply dry
     /// run under the operator's field manager and compared with the live object, and what it
@@ -171,6 +178,7 @@ impl Cli {
             Command::Pull(args) => pull::run(&args),
             Command::Inspect(args) => inspect::run(&args),
             Command::Verify(args) => verify::run(&args),
+            Command::New(args) => new::run(&args),
             Command::Diff(args) => diff::run(&args),
             #[cfg(feature = "dev")]
             Command::Dev(args) => dev::run(&args),

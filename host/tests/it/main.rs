@@ -18,6 +18,7 @@ mod render;
 mod reporting;
 mod roundtrip;
 mod sandbox;
+mod scaffold;
 mod security;
 mod signatures;
 mod support;
