@@ -16,7 +16,7 @@ pub const LAYERS: &[&[&str]] = &[
     &["registry"],
     &["crd"],
     // The commands' libraries.
-    &["check", "rbac", "publish"],
+    &["check", "rbac", "publish", "scaffold"],
     &["diff", "operator"],
     &["dev"],
     // The command line: it parses and calls; nothing imports it.

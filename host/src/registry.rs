@@ -145,6 +145,9 @@ pub enum Source {
         /// What errors and logs call it (`oci://registry/repository@sha256:...`).
         name: String,
         kept: crate::oci::Kept,
+        /// How to pull it again, and where to keep it, should the kept layer be unreadable or
+        /// damaged when it must be read.
+        refetch: Box<(crate::oci::Options, Option<crate::oci::Store>)>,
     },
 }
 
@@ -202,13 +205,33 @@ impl Registry {
             let plugin = match source {
                 Source::File(path) => runtime.load_file(path, &registry.ctx)?,
                 Source::Wasm { name, wasm } => runtime.load(wasm, name, &registry.ctx)?,
-                Source::Kept { name, kept } => runtime.load_by_digest(
+                Source::Kept {
+                    name,
+                    kept,
+                    refetch,
+                } => runtime.load_by_digest(
                     &kept.sha256,
                     kept.size,
                     || {
-                        kept.read().map_err(|e| Error::Load {
-                            plugin: name.clone(),
-                            reason: e.to_string(),
+                        let (options, store) = refetch.as_ref();
+                        kept.read().or_else(|e| {
+                            tracing::warn!(plugin = %name, "the kept copy cannot be used ({e}): pulling it again");
+                            let failed = |reason: String| Error::Load {
+                                plugin: name.clone(),
+                                reason,
+                            };
+                            tokio::runtime::Builder::new_current_thread()
+                                .enable_all()
+                                .build()
+                                .map_err(|e| failed(e.to_string()))?
+                                .block_on(crate::oci::pull(
+                                    &kept.reference,
+                                    options,
+                                    store.as_ref(),
+                                    true,
+                                ))
+                                .map(|pulled| pulled.wasm)
+                                .map_err(|e| failed(e.to_string()))
                         })
                     },
                     name,

@@ -29,6 +29,76 @@ pub enum Kit {
 /// The repository `guest-kit` comes from by default.
 pub const KIT_GIT: &str = "https://github.com/hanzoai/wasm-operator";
 
+/// The release of it a project is pinned to: this host's own (`v` and its version), so that the
+/// guest-kit a project builds with speaks the contract this host serves, and a project builds
+/// the same later.
+pub const KIT_TAG: &str = concat!("v", env!("CARGO_PKG_VERSION"));
+
+/// Names no plugin may take: Rust's keywords (cargo refuses them as package names) and the
+/// crates a project builds with or beside (a crate of one of those names shadows it).
+const RESERVED: [&str; 60] = [
+    "as",
+    "async",
+    "await",
+    "break",
+    "const",
+    "continue",
+    "crate",
+    "dyn",
+    "else",
+    "enum",
+    "extern",
+    "false",
+    "fn",
+    "for",
+    "if",
+    "impl",
+    "in",
+    "let",
+    "loop",
+    "match",
+    "mod",
+    "move",
+    "mut",
+    "pub",
+    "ref",
+    "return",
+    "self",
+    "static",
+    "struct",
+    "super",
+    "trait",
+    "true",
+    "type",
+    "unsafe",
+    "use",
+    "where",
+    "while",
+    "abstract",
+    "become",
+    "box",
+    "do",
+    "final",
+    "gen",
+    "macro",
+    "override",
+    "priv",
+    "try",
+    "typeof",
+    "unsized",
+    "virtual",
+    "yield",
+    "std",
+    "core",
+    "alloc",
+    "test",
+    "proc-macro",
+    "guest-kit",
+    "wit-bindgen",
+    "serde",
+    "serde-json",
+];
+
 /// The toolchain a Rust plugin is built with (the one the host is built with).
 pub const TOOLCHAIN: &str = "1.95.0";
 
@@ -42,6 +112,10 @@ pub enum Error {
         "{name:?} cannot name a plugin: lower-case letters, digits and '-', starting with a letter, at most 40 characters (it names the crate or package, the Kind and its API group)"
     )]
     Name { name: String },
+    #[error(
+        "{name:?} cannot name a plugin: it is a Rust keyword or the name of a crate the project builds with; choose another (`{name}-plugin`, say)"
+    )]
+    Reserved { name: String },
     #[error("{} exists and is not empty: give another NAME or --dir", .dir.display())]
     Exists { dir: PathBuf },
     #[error("cannot write {}: {source}", .path.display())]
@@ -130,6 +204,24 @@ fn kind(name: &str) -> String {
         .collect()
 }
 
+/// The plural of a lower-case Kind, as English makes it (`redis`: `redises`, `policy`:
+/// `policies`, `hello`: `hellos`); the CRD's resource name.
+fn plural(kind: &str) -> String {
+    let vowel = |c: char| "aeiou".contains(c);
+    if ["s", "x", "z", "ch", "sh"]
+        .iter()
+        .any(|end| kind.ends_with(end))
+    {
+        format!("{kind}es")
+    } else if let Some(stem) = kind.strip_suffix('y')
+        && stem.chars().last().is_some_and(|c| !vowel(c))
+    {
+        format!("{stem}ies")
+    } else {
+        format!("{kind}s")
+    }
+}
+
 /// `text` as a TOML basic string.
 fn toml_string(text: &str) -> String {
     let mut out = String::from("\"");
@@ -152,10 +244,19 @@ pub fn files(name: &str, lang: Lang, kit: &Kit) -> Result<Vec<File>, Error> {
             name: name.to_owned(),
         });
     }
+    if RESERVED.contains(&name) {
+        return Err(Error::Reserved {
+            name: name.to_owned(),
+        });
+    }
     let kind = kind(name);
     let kit = match kit {
         Kit::Path(path) => format!("{{ path = {} }}", toml_string(&path.display().to_string())),
-        Kit::Git(url) => format!("{{ git = {} }}", toml_string(url)),
+        Kit::Git(url) => format!(
+            "{{ git = {}, tag = {} }}",
+            toml_string(url),
+            toml_string(KIT_TAG)
+        ),
     };
     let (language, lang_flag, needs, wit_note) = match lang {
         Lang::Rust => (
@@ -181,12 +282,12 @@ pub fn files(name: &str, lang: Lang, kit: &Kit) -> Result<Vec<File>, Error> {
         ("name", name.to_owned()),
         ("crate", name.replace('-', "_")),
         ("Kind", kind.clone()),
-        ("plural", format!("{}s", kind.to_ascii_lowercase())),
+        ("plural", plural(&kind.to_ascii_lowercase())),
         ("group", format!("{name}.example.com")),
         ("kit", kit),
         ("toolchain", TOOLCHAIN.to_owned()),
         ("componentize_py", COMPONENTIZE_PY.to_owned()),
-        ("contract", crate::cli::CONTRACT_VERSION.to_owned()),
+        ("contract", env!("CONTRACT_VERSION").to_owned()),
         ("language", language.to_owned()),
         ("lang", lang_flag.to_owned()),
         ("artifact", format!("{name}.wasm")),
@@ -297,8 +398,10 @@ mod tests {
         );
         let git = files("p", Lang::Rust, &Kit::Git(KIT_GIT.into())).unwrap();
         assert!(git.iter().any(|f| {
-            f.text
-                .contains(&format!("guest-kit = {{ git = \"{KIT_GIT}\" }}"))
+            f.text.contains(&format!(
+                "guest-kit = {{ git = \"{KIT_GIT}\", tag = \"v{}\" }}",
+                env!("CARGO_PKG_VERSION")
+            ))
         }));
     }
 
@@ -313,7 +416,22 @@ mod tests {
                 "{bad:?}"
             );
         }
+        for reserved in ["test", "std", "fn", "guest-kit", "async"] {
+            let e = files(reserved, Lang::Rust, &Kit::Git(KIT_GIT.into())).unwrap_err();
+            assert!(matches!(e, Error::Reserved { .. }), "{reserved:?}: {e}");
+        }
         assert_eq!(kind("hello-world-2"), "HelloWorld2");
+        for (kind, plural) in [
+            ("hello", "hellos"),
+            ("redis", "redises"),
+            ("policy", "policies"),
+            ("gateway", "gateways"),
+            ("box2", "box2s"),
+            ("mailbox", "mailboxes"),
+            ("batch", "batches"),
+        ] {
+            assert_eq!(super::plural(kind), plural);
+        }
     }
 
     #[test]

@@ -125,14 +125,27 @@ impl PluginArgs {
                 continue;
             };
             let reference = crate::oci::Reference::parse(plugin)?;
+            let named_a_tag = reference.digest.is_none();
             let mut options = || -> Result<crate::oci::Options, Error> {
                 match &read_options {
                     Some(o) => Ok(o.clone()),
                     None => Ok(read_options.insert(self.registries.options()?).clone()),
                 }
             };
-            // Kept by digest: nothing is asked of the registry, and the layer is not even read
-            // when it was compiled before.
+            // The policy judges the artifact before any of it is pulled: a tag is resolved to
+            // its digest first, and what is served is what was judged.
+            let reference = match &policy {
+                Some(policy) if !(self.require_digest && reference.digest.is_none()) => {
+                    let pinned =
+                        crate::publish::block_on(crate::oci::resolve(&reference, &options()?))??;
+                    let verdict = crate::publish::block_on(policy.check(&pinned, &options()?))??;
+                    tracing::info!(plugin = %pinned, "{verdict}");
+                    pinned
+                }
+                _ => reference,
+            };
+            // Kept by digest (and judged): the layer is not even read when it was compiled
+            // before.
             let (pinned, source) = match store
                 .as_ref()
                 .and_then(|s| crate::oci::kept(&reference, s))
@@ -140,7 +153,14 @@ impl PluginArgs {
                 Some(kept) => {
                     let name = format!("{}{}", crate::oci::SCHEME, kept.reference);
                     tracing::info!(plugin = %name, "plugin kept by digest");
-                    (kept.reference.clone(), Source::Kept { name, kept })
+                    (
+                        kept.reference.clone(),
+                        Source::Kept {
+                            name,
+                            kept,
+                            refetch: Box::new((options()?, store.clone())),
+                        },
+                    )
                 }
                 None => {
                     let pulled = crate::publish::block_on(crate::oci::pull(
@@ -150,10 +170,6 @@ impl PluginArgs {
                         self.require_digest,
                     ))??;
                     let name = format!("{}{}", crate::oci::SCHEME, pulled.reference);
-                    if reference.digest.is_none() {
-                        // A tag is resolved once; from here on the digest is what is served.
-                        eprintln!("host: {plugin} is {name}");
-                    }
                     tracing::info!(plugin = %name, from_store = pulled.cached, "plugin pulled and checked against its digest");
                     (
                         pulled.reference,
@@ -164,9 +180,9 @@ impl PluginArgs {
                     )
                 }
             };
-            if let Some(policy) = &policy {
-                let verdict = crate::publish::block_on(policy.check(&pinned, &options()?))??;
-                tracing::info!(plugin = %pinned, "{verdict}");
+            if named_a_tag {
+                // A tag is resolved once; from here on the digest is what is served.
+                eprintln!("host: {plugin} is {}{pinned}", crate::oci::SCHEME);
             }
             sources.push(source);
         }

@@ -40,6 +40,8 @@ pub(super) fn run(args: &RenderArgs) -> Result<ExitCode, Error> {
     let registry = args.plugins.registry()?;
     let mut objects = Vec::new();
     let mut failures = Vec::new();
+    // Each child rendered, with its namespace, to tell observed objects that are none of them.
+    let mut children: Vec<(String, serde_json::Value)> = Vec::new();
     super::each_resource(&args.files, |place, resource| {
         match resource {
             Err(e) => failures.push(format!("{place}: {e}")),
@@ -59,6 +61,13 @@ pub(super) fn run(args: &RenderArgs) -> Result<ExitCode, Error> {
                                 Err(e) => failures.push(format!("{place}: status: {e}")),
                             }
                         }
+                        if observed.is_some() {
+                            children.extend(
+                                rendered
+                                    .iter()
+                                    .map(|c| (resource.namespace.clone(), c.clone())),
+                            );
+                        }
                         objects.extend(rendered);
                     }
                     Err(e) => failures.push(format!("{place}: {e}")),
@@ -76,6 +85,13 @@ pub(super) fn run(args: &RenderArgs) -> Result<ExitCode, Error> {
             failures.len()
         );
         return Ok(ExitCode::from(1));
+    }
+    if let Some(observed) = &observed {
+        for object in observed.unmatched(children.iter().map(|(ns, c)| (ns.as_str(), c))) {
+            eprintln!(
+                "warning: --observed: {object} is no child rendered: its apiVersion, kind, namespace or name differ from what the plugin renders"
+            );
+        }
     }
     emit(&documents::write(&objects, args.output)?)?;
     Ok(ExitCode::SUCCESS)

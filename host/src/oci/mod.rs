@@ -372,7 +372,7 @@ impl Kept {
 
 /// The plugin `reference` names by digest, when `store` keeps it whole: its manifest read and
 /// checked, its layer located and not read (a plugin compiled before loads from the compile
-/// cache without its bytes: [`crate::plugin::Runtime::load_by_digest`]).
+/// cache without its bytes: the plugin runtime's `load_by_digest`).
 pub fn kept(reference: &Reference, store: &Store) -> Option<Kept> {
     let manifest_digest = reference.digest.as_deref()?;
     let (manifest, layer, size, blob) = store.locate(manifest_digest)?;

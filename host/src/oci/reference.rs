@@ -85,7 +85,7 @@ impl Reference {
             ));
         }
         Ok(Self {
-            registry: registry.to_owned(),
+            registry: canonical_registry(registry),
             repository: repository.to_owned(),
             tag: tag.map(str::to_owned),
             digest: digest.map(str::to_owned),
@@ -107,6 +107,18 @@ impl Reference {
             digest: Some(digest.to_owned()),
             ..self.clone()
         }
+    }
+
+    /// `registry/repository`, the registry without the port HTTPS implies (`ghcr.io:443` is
+    /// `ghcr.io`): what the signature policy's patterns are matched against, so that no way of
+    /// writing a registry escapes the rule written for it.
+    pub fn repository_name(&self) -> String {
+        let registry = self
+            .registry
+            .strip_suffix(":443")
+            .filter(|_| !self.is_loopback())
+            .unwrap_or(&self.registry);
+        format!("{registry}/{}", self.repository)
     }
 
     /// Whether the registry is on this machine (`localhost`, `127.0.0.0/8`, `[::1]`): the only
@@ -133,6 +145,19 @@ impl fmt::Display for Reference {
             write!(f, "@{digest}")?;
         }
         Ok(())
+    }
+}
+
+/// `registry` as one spelling: host names are case-insensitive and `ghcr.io.` is `ghcr.io`, so
+/// both are written lower-case and without the trailing dot.
+fn canonical_registry(registry: &str) -> String {
+    let registry = registry.to_ascii_lowercase();
+    if registry.starts_with('[') {
+        return registry;
+    }
+    match registry.split_once(':') {
+        Some((host, port)) => format!("{}:{port}", host.trim_end_matches('.')),
+        None => registry.trim_end_matches('.').to_owned(),
     }
 }
 
@@ -173,6 +198,26 @@ mod tests {
                 .is_loopback()
         );
         assert!(Reference::parse("[::1]:5000/a:b").unwrap().is_loopback());
+    }
+
+    #[test]
+    fn a_registry_has_one_spelling() {
+        for text in [
+            "GHCR.io/acme/site:1",
+            "ghcr.io./acme/site:1",
+            "Ghcr.IO.:443/acme/site:1",
+        ] {
+            let r = Reference::parse(text).unwrap();
+            assert!(r.registry.starts_with("ghcr.io"), "{text}: {}", r.registry);
+            assert_eq!(r.repository_name(), "ghcr.io/acme/site", "{text}");
+        }
+        // A loopback registry's port is where it listens, whatever the scheme.
+        let r = Reference::parse("localhost:443/a").unwrap();
+        assert_eq!(r.repository_name(), "localhost:443/a");
+        assert_eq!(
+            Reference::parse("[::1]:5000/a").unwrap().registry,
+            "[::1]:5000"
+        );
     }
 
     #[test]

@@ -56,6 +56,18 @@ impl Observed {
 
     /// The object observed for a child `kind` named `name` in `namespace`.
     fn get(&self, api_version: &str, kind: &str, namespace: &str, name: &str) -> Option<&Value> {
+        self.key_of(api_version, kind, namespace, name)
+            .and_then(|k| self.objects.get(&k))
+    }
+
+    /// The key of the object observed for a child, when one is.
+    fn key_of(
+        &self,
+        api_version: &str,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Option<(String, String, String, String)> {
         let key = |ns: &str| {
             (
                 api_version.to_owned(),
@@ -64,15 +76,54 @@ impl Observed {
                 name.to_owned(),
             )
         };
+        [key(namespace), key("")]
+            .into_iter()
+            .find(|k| self.objects.contains_key(k))
+    }
+
+    /// Each observed object that is none of `children` (rendered in the namespace given with
+    /// each), as `Kind apiVersion namespace/name`: most likely a name or apiVersion that differs
+    /// from what the plugin renders, so that the child it was meant for counts as not observed.
+    pub fn unmatched<'a>(
+        &self,
+        children: impl IntoIterator<Item = (&'a str, &'a Value)>,
+    ) -> Vec<String> {
+        let mut matched = std::collections::BTreeSet::new();
+        for (namespace, child) in children {
+            let text = |pointer: &str| {
+                child
+                    .pointer(pointer)
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+            };
+            if let Some(k) = self.key_of(
+                text("/apiVersion"),
+                text("/kind"),
+                namespace,
+                text("/metadata/name"),
+            ) {
+                matched.insert(k);
+            }
+        }
         self.objects
-            .get(&key(namespace))
-            .or_else(|| self.objects.get(&key("")))
+            .keys()
+            .filter(|k| !matched.contains(*k))
+            .map(|(api_version, kind, namespace, name)| {
+                let namespace = if namespace.is_empty() {
+                    ""
+                } else {
+                    namespace.as_str()
+                };
+                format!("{kind} {api_version} {namespace}/{name}").replace(" /", " ")
+            })
+            .collect()
     }
 }
 
 /// The status the operator would write for `resource`, rendered by `registry` to `children`
 /// (with `warnings`), when the cluster reports `observed`: each child ready or not as the
-/// operator judges it (a child not observed is not ready), and the fields a 1.1 plugin's
+/// operator judges it (a child not observed counts as applied: ready if its kind has no
+/// readiness rule, not ready if it has one), and the fields a 1.1 plugin's
 /// `status()` computes from the children observed.
 pub fn status_of(
     registry: &Registry,
@@ -116,6 +167,14 @@ pub fn status_of(
             Some(Err(e)) => (
                 false,
                 format!("the observed object cannot be read: {e}"),
+                None,
+            ),
+            // As the operator counts it once applied: a kind without a readiness rule is ready
+            // when it exists; one with a rule (Deployment, StatefulSet) is not until observed.
+            None if !super::status::reports_readiness(&kind) => (
+                true,
+                "exists (not observed: a kind without a readiness rule counts once applied)"
+                    .to_owned(),
                 None,
             ),
             None => (

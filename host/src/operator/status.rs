@@ -42,7 +42,17 @@ pub(crate) struct Skipped {
 /// Whether the status of a child of this kind says when it is ready (the others count as ready
 /// once they exist).
 pub(crate) fn reports_readiness(kind: &str) -> bool {
-    matches!(kind, "Deployment" | "StatefulSet")
+    readiness_rule(kind).is_some()
+}
+
+/// The status count that makes a child of `kind` ready, and its word, for the kinds whose
+/// rollout the operator waits on; every other kind is ready once it exists.
+pub(crate) fn readiness_rule(kind: &str) -> Option<(&'static str, &'static str)> {
+    match kind {
+        "Deployment" => Some(("availableReplicas", "available")),
+        "StatefulSet" => Some(("readyReplicas", "ready")),
+        _ => None,
+    }
 }
 
 /// Whether a child is ready, from its live object (`None`: not read, it exists).
@@ -54,10 +64,8 @@ pub(crate) fn child_ready(kind: &str, live: Option<&LiveChild>) -> (bool, String
     let generation = o.metadata.generation.unwrap_or(0);
     let observed = int("observedGeneration");
     // (the count that makes it ready, its word): the rollout must also be fully updated.
-    let (ready_field, word) = match kind {
-        "Deployment" => ("availableReplicas", "available"),
-        "StatefulSet" => ("readyReplicas", "ready"),
-        _ => return (true, "exists".into()),
+    let Some((ready_field, word)) = readiness_rule(kind) else {
+        return (true, "exists".into());
     };
     let want = o.replicas().unwrap_or(1);
     let (ready, updated) = (int(ready_field), int("updatedReplicas"));

@@ -149,7 +149,7 @@ impl Policy {
 
     /// The rule that decides for `reference`.
     fn rule(&self, reference: &Reference) -> Result<&Rule, Error> {
-        let repository = format!("{}/{}", reference.registry, reference.repository);
+        let repository = reference.repository_name();
         self.rules
             .iter()
             .find(|r| r.repositories.iter().any(|p| matches(p, &repository)))
@@ -263,9 +263,22 @@ fn repository_pattern(pattern: &str) -> Result<(), &'static str> {
     if pattern.contains('@') {
         return Err("a pattern names repositories, not digests");
     }
-    let Some((_, repository)) = pattern.split_once('/') else {
+    let Some((registry, repository)) = pattern.split_once('/') else {
         return Err("a pattern names REGISTRY/REPOSITORY (the registry alone: REGISTRY/**)");
     };
+    if registry.chars().any(|c| c.is_ascii_uppercase()) {
+        return Err("registries are matched lower-case: write the registry in lower case");
+    }
+    if registry.ends_with('.') || registry.contains(".:") {
+        return Err(
+            "registries are matched without a trailing dot: write `ghcr.io`, not `ghcr.io.`",
+        );
+    }
+    if registry.ends_with(":443") {
+        return Err(
+            "registries are matched without the HTTPS port: write `ghcr.io`, not `ghcr.io:443`",
+        );
+    }
     if repository.contains(':') {
         return Err("a pattern names repositories, not tags");
     }
@@ -337,6 +350,13 @@ MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEzKnRHCtJN7DfC+P1hBzeFzPSSkv9
             .rule(&reference(&format!("ghcr.io/acme/site{digest}")))
             .unwrap();
         assert!(acme.required && acme.name.starts_with("rules[0]"));
+        // Another spelling of the same registry is judged by the same rule.
+        for alias in ["GHCR.IO", "ghcr.io.", "ghcr.io:443", "Ghcr.Io.:443"] {
+            let rule = policy
+                .rule(&reference(&format!("{alias}/acme/site{digest}")))
+                .unwrap();
+            assert!(rule.name.starts_with("rules[0]"), "{alias}: {}", rule.name);
+        }
         let other = policy
             .rule(&reference(&format!("ghcr.io/other/site{digest}")))
             .unwrap();
@@ -368,6 +388,20 @@ MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEzKnRHCtJN7DfC+P1hBzeFzPSSkv9
         let e =
             parse("rules:\n- repositories: ['ghcr.io/a:1.0']\n  required: false\n").unwrap_err();
         assert!(e.contains("not tags"), "{e}");
+        for (pattern, says) in [
+            ("GHCR.io/a/*", "lower case"),
+            ("ghcr.io./a/*", "trailing dot"),
+            ("ghcr.io:443/a/*", "HTTPS port"),
+        ] {
+            let e = parse(&format!(
+                "rules:\n- repositories: ['{pattern}']\n  required: false\n"
+            ))
+            .unwrap_err();
+            assert!(
+                e.contains("rules[0].repositories[0]") && e.contains(says),
+                "{e}"
+            );
+        }
         let e = parse("rules:\n- repositories: [ghcr.io]\n  required: false\n").unwrap_err();
         assert!(e.contains("REGISTRY/**"), "{e}");
         let e = parse(
@@ -427,5 +461,36 @@ MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEzKnRHCtJN7DfC+P1hBzeFzPSSkv9
                 .to_string()
                 .starts_with("not verified, not required by rules[0] (**)")
         );
+    }
+
+    /// A registry that cannot be asked: a rule that requires a signature refuses (and says so
+    /// as a transient error); one that does not serves, saying why nothing was verified.
+    #[tokio::test]
+    async fn a_check_that_cannot_be_made_refuses_only_where_a_signature_is_required() {
+        // A port nothing listens on: taken, then let go.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let digest = format!("@sha256:{}", "0".repeat(64));
+        let text = |required: bool| {
+            format!(
+                "rules:\n- repositories: ['127.0.0.1:{port}/**']\n  required: {required}\n  keys: [{{pem: {KEY:?}}}]\n"
+            )
+        };
+        let target = reference(&format!("127.0.0.1:{port}/acme/site{digest}"));
+        let options = oci::Options::default();
+
+        let required = parse(&text(true)).unwrap();
+        let e = required.check(&target, &options).await.unwrap_err();
+        assert!(e.is_transient() && !e.is_refusal(), "{e}");
+        assert!(e.to_string().contains("rules[0]"), "{e}");
+
+        let optional = parse(&text(false)).unwrap();
+        let verdict = optional.check(&target, &options).await.unwrap();
+        assert!(verdict.signatures.is_empty());
+        let why = verdict.unverified.expect("why nothing was verified");
+        assert!(why.contains(&format!("127.0.0.1:{port}")), "{why}");
     }
 }

@@ -8,7 +8,9 @@ command -v "$host" >/dev/null || { echo "build: 'host' is not on the PATH (or se
 
 cargo test --quiet
 cargo build --quiet --release --target wasm32-wasip2
-wasm=${CARGO_TARGET_DIR:-target}/wasm32-wasip2/release/{{crate}}.wasm
+# Wherever cargo puts it (CARGO_TARGET_DIR, a config's build.target-dir): cargo says where.
+target=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+wasm=${target:-target}/wasm32-wasip2/release/{{crate}}.wasm
 cp "$wasm" {{name}}.wasm
 "$host" check {{name}}.wasm example.yaml
 

@@ -306,6 +306,29 @@ fn the_values_reach_what_the_chart_renders() {
         annotations["checksum/plugin-signatures"].is_string(),
         "a new policy rolls the pods: {annotations}"
     );
+    // Given as a string (`--set-file pluginSignatures.policy=policy.yaml`), it is the same policy.
+    let values = mounted.path().join("values.yaml");
+    std::fs::write(
+        &values,
+        "pluginSignatures:\n  policy: |\n    rules:\n      - repositories: [ghcr.io/acme/*]\n        keys: [{file: acme-signing/cosign.pub}]\n",
+    )
+    .unwrap();
+    let as_string = documents(&template_with(Some(&values), &[]));
+    let text = as_string
+        .iter()
+        .find(|d| d["metadata"]["name"] == "wasm-operator-plugin-signatures")
+        .expect("the policy's ConfigMap, from a string")["data"]["policy.yaml"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    std::fs::write(&path, &text).unwrap();
+    host::signature::Policy::from_file(&path)
+        .unwrap_or_else(|e| panic!("the chart's policy, from a string: {e}\n{text}"));
+    assert!(
+        deployment(&as_string)["spec"]["template"]["metadata"]["annotations"]
+            ["checksum/plugin-signatures"]
+            .is_string()
+    );
     // The host takes them as the rules the values say.
     use clap::Parser;
     let parsed =

@@ -220,6 +220,31 @@ fn a_plugin_pinned_by_digest_loads_with_the_registry_down_and_a_tag_does_not() {
 
     registry.restart().unwrap();
     assert!(render(&reference, &[]).status.success());
+
+    // The kept layer damaged on disk (same size), with nothing compiled to load instead: it is
+    // pulled again, kept anew, and the plugin loads; a broken cache never stops the host.
+    let layer = host::oci::digest(&std::fs::read(&file).unwrap());
+    let blob = dir
+        .path()
+        .join("oci/blobs/sha256")
+        .join(layer.strip_prefix("sha256:").unwrap());
+    let mut bytes = std::fs::read(&blob).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&blob, &bytes).unwrap();
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_dir() && entry.file_name() != "oci" {
+            std::fs::remove_dir_all(entry.path()).unwrap();
+        }
+    }
+    let healed = render(pinned, &[]);
+    assert!(healed.status.success(), "{healed:?}");
+    assert!(
+        String::from_utf8_lossy(&healed.stderr).contains("pulling it again"),
+        "{healed:?}"
+    );
+    assert_eq!(host::oci::digest(&std::fs::read(&blob).unwrap()), layer);
 }
 
 #[test]

@@ -65,6 +65,9 @@ pub struct Live {
     pub signatures: Option<Arc<crate::signature::Policy>>,
 }
 
+/// How many signatures a Plugin's status names (the CRD's bound on `signature.signedBy`).
+const SIGNED_BY_SHOWN: usize = 16;
+
 /// A plugin loaded from a `Plugin` resource.
 struct Loaded {
     /// The reference served, pinned.
@@ -89,14 +92,22 @@ impl Loaded {
             "kinds": self.plugin.info().kinds.iter().map(|k| format!("{}.{}", k.kind, k.group)).collect::<Vec<_>>(),
         });
         if let Some(verdict) = &self.signature {
+            // Bounded as the CRD bounds them, else the API server refuses the whole status.
+            let bounded = crate::operator::status::bounded_to;
+            let mut signed_by: Vec<String> = verdict
+                .signatures
+                .iter()
+                .map(|s| bounded(&format!("{} ({})", s.signer, s.format), 1024))
+                .collect();
+            if signed_by.len() > SIGNED_BY_SHOWN {
+                let more = signed_by.len() - (SIGNED_BY_SHOWN - 1);
+                signed_by.truncate(SIGNED_BY_SHOWN - 1);
+                signed_by.push(format!("and {more} more"));
+            }
             let signature = crate::api::PluginSignature {
-                rule: verdict.rule.clone(),
-                signed_by: verdict
-                    .signatures
-                    .iter()
-                    .map(|s| format!("{} ({})", s.signer, s.format))
-                    .collect(),
-                unverified: verdict.unverified.clone(),
+                rule: bounded(&verdict.rule, 1024),
+                signed_by,
+                unverified: verdict.unverified.as_deref().map(|u| bounded(u, 4096)),
             };
             status["signature"] = serde_json::to_value(signature).unwrap_or_default();
         }

@@ -49,14 +49,9 @@ impl Loader {
         if current == fields {
             return;
         }
-        // Fields the last status had and this one does not (a digest no longer served) go.
-        if let Some(old) = current.as_object() {
-            for key in old.keys() {
-                if fields.get(key).is_none() {
-                    fields[key] = Value::Null;
-                }
-            }
-        }
+        // Fields the last status had and this one does not (a digest no longer served, a
+        // signature's `unverified`) go, at any depth: a merge patch keeps what it does not null.
+        null_what_is_gone(&current, &mut fields);
         let api: Api<DynamicObject> = Api::all_with(self.shared.client.clone(), &api_resource());
         if !self.shared.fence.allows() {
             return;
@@ -73,5 +68,45 @@ impl Loader {
         {
             tracing::warn!(plugin = %o.name_any(), "status not written: {e}");
         }
+    }
+}
+
+/// Sets to null, in the merge patch `new`, each field `old` has and `new` does not, in nested
+/// objects too (arrays are replaced whole by a merge patch).
+fn null_what_is_gone(old: &Value, new: &mut Value) {
+    let (Some(old), Some(new)) = (old.as_object(), new.as_object_mut()) else {
+        return;
+    };
+    for (key, was) in old {
+        match new.get_mut(key) {
+            None => {
+                new.insert(key.clone(), Value::Null);
+            }
+            Some(is) => null_what_is_gone(was, is),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_merge_patch_nulls_what_is_gone_at_any_depth() {
+        let old = json!({
+            "digest": "sha256:1",
+            "signature": {"rule": "rules[1]", "unverified": "no signature", "signedBy": ["k"]},
+            "kinds": ["A.x"],
+        });
+        let mut new = json!({"signature": {"rule": "rules[0]", "signedBy": ["k2"]}, "kinds": []});
+        null_what_is_gone(&old, &mut new);
+        assert_eq!(
+            new,
+            json!({
+                "digest": null,
+                "signature": {"rule": "rules[0]", "unverified": null, "signedBy": ["k2"]},
+                "kinds": [],
+            })
+        );
     }
 }
