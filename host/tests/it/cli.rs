@@ -306,15 +306,47 @@ fn render_with_observed_children_prints_the_status_the_operator_would_write() {
         "{two:#}"
     );
 
-    // A child not given is not ready, and says so.
-    let missing = status(&observed(3, false));
+    // A child not given counts as the operator counts it once applied: a kind without a
+    // readiness rule (the Service) exists; one with a rule (the StatefulSet) is not ready.
+    let no_service = status(&observed(3, false));
+    assert_eq!(ready(&no_service)["status"], "True", "{no_service:#}");
+    assert!(
+        no_service["children"][1]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("exists (not observed"),
+        "{no_service:#}"
+    );
+    let service_only = dir.join("service-only.yaml");
+    std::fs::write(
+        &service_only,
+        "apiVersion: v1\nkind: Service\nmetadata: {name: my-raft-db-service, namespace: default}\nspec: {clusterIP: None}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: my-raft-db-svc, namespace: default}\n",
+    )
+    .unwrap();
+    let out = crate::support::host_in(
+        dir,
+        &[
+            "render",
+            "--observed",
+            &service_only.display().to_string(),
+            &example.display().to_string(),
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let text = crate::support::succeeded("host render --observed", out);
+    let missing = host::documents::values(&text).unwrap()[0]["status"].clone();
     assert_eq!(ready(&missing)["status"], "False", "{missing:#}");
     assert!(
         ready(&missing)["message"]
             .as_str()
             .unwrap()
-            .contains("Service my-raft-db-service: not observed"),
+            .contains("StatefulSet my-raft-db: not observed"),
         "{missing:#}"
+    );
+    // An observed object that is no child (a name that differs) is said, not silently unused.
+    assert!(
+        stderr.contains("Service v1 default/my-raft-db-svc is no child rendered"),
+        "{stderr}"
     );
 
     // An observed document that is not an object says which field it lacks, and where.

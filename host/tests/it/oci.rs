@@ -224,18 +224,23 @@ fn a_plugin_pinned_by_digest_loads_with_the_registry_down_and_a_tag_does_not() {
     // The kept layer damaged on disk (same size), with nothing compiled to load instead: it is
     // pulled again, kept anew, and the plugin loads; a broken cache never stops the host.
     let layer = host::oci::digest(&std::fs::read(&file).unwrap());
-    let blob = dir
-        .path()
+    // The cache's layout: components/ holds the compiled plugins and oci/, the store.
+    let components = dir.path().join("components");
+    let blob = components
         .join("oci/blobs/sha256")
         .join(layer.strip_prefix("sha256:").unwrap());
     let mut bytes = std::fs::read(&blob).unwrap();
     let last = bytes.len() - 1;
     bytes[last] ^= 0xff;
     std::fs::write(&blob, &bytes).unwrap();
-    for entry in std::fs::read_dir(dir.path()).unwrap() {
+    for entry in std::fs::read_dir(&components).unwrap() {
         let entry = entry.unwrap();
-        if entry.file_type().unwrap().is_dir() && entry.file_name() != "oci" {
-            std::fs::remove_dir_all(entry.path()).unwrap();
+        if entry.file_name() != "oci" {
+            if entry.file_type().unwrap().is_dir() {
+                std::fs::remove_dir_all(entry.path()).unwrap();
+            } else {
+                std::fs::remove_file(entry.path()).unwrap();
+            }
         }
     }
     let healed = render(pinned, &[]);
