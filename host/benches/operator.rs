@@ -636,7 +636,8 @@ async fn start_operator(
             &format!("--identity={identity}"),
             "--max-writes-in-flight=16",
             &format!("--metrics-addr=127.0.0.1:{port}"),
-            &format!("--namespace={ns}"),
+            "--metrics-secure=false",
+            &format!("--watch-namespace={ns}"),
         ])
         .env("KUBECONFIG", cp.kubeconfig())
         .env("WASM_OPERATOR_CACHE", &cache)

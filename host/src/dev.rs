@@ -242,6 +242,8 @@ async fn operate(
     let settings = crate::operator::Settings {
         namespaces: Vec::new(),
         metrics_addr: std::net::SocketAddr::from(([127, 0, 0, 1], metrics_port)),
+        metrics_tls: None,
+        health_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
         leader_election: false,
         lease_namespace: "default".into(),
         lease_name: "wasm-operator".into(),

@@ -17,11 +17,14 @@ pub struct Target {
     pub namespace: String,
     /// The name of the ServiceAccount, the roles and their bindings.
     pub name: String,
-    /// The namespaces the operator watches (`host run --namespace`): the ClusterRole is bound
+    /// The namespaces the operator watches (`host run --watch-namespace`): the ClusterRole is bound
     /// in each of them by a RoleBinding. Empty: bound cluster-wide by a ClusterRoleBinding.
     pub watch_namespaces: Vec<String>,
     /// Whether the operator serves `Plugin` resources (`host run --plugin-resources`).
     pub plugin_resources: bool,
+    /// Whether it serves /metrics securely (`host run --metrics-secure`): then it asks the API
+    /// server about each scrape's token (`<name>-metrics-auth`, bound cluster-wide).
+    pub metrics_secure: bool,
 }
 
 const READ: [&str; 3] = ["get", "list", "watch"];
@@ -153,6 +156,27 @@ pub fn objects(registry: &Registry, target: &Target) -> Vec<Value> {
             "kind": "RoleBinding",
             "metadata": { "name": name, "namespace": watched },
             "roleRef": role_ref,
+            "subjects": subject,
+        }));
+    }
+    if target.metrics_secure {
+        // TokenReviews and SubjectAccessReviews are cluster-scoped: a ClusterRole of their own,
+        // bound cluster-wide, as the system:auth-delegator role grants them, and nothing more.
+        let auth = format!("{name}-metrics-auth");
+        objects.push(json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": { "name": auth },
+            "rules": [
+                rule("authentication.k8s.io", vec!["tokenreviews".to_owned()], &["create"]),
+                rule("authorization.k8s.io", vec!["subjectaccessreviews".to_owned()], &["create"]),
+            ],
+        }));
+        objects.push(json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": { "name": auth },
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": auth },
             "subjects": subject,
         }));
     }

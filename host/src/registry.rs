@@ -11,7 +11,7 @@ use crate::error::{Error, MAX_ERROR_MESSAGE, Result};
 use crate::gvk::split_api_version;
 use crate::plugin::PluginError;
 use crate::plugin::{BUILTINS, Plugin, Runtime};
-use crate::schema::{SpecError, UnknownFields};
+use crate::schema::{SpecErrors, UnknownFields};
 use crate::types::{Context, KindInfo, PluginInfo, Resource, Warning};
 use crate::units::bounded;
 
@@ -72,7 +72,7 @@ pub enum RenderError {
         versions: Vec<String>,
     },
     /// The spec does not fit the Kind's schema (see [`crate::schema`]).
-    InvalidSpec(SpecError),
+    InvalidSpec(SpecErrors),
     /// The plugin failed or its output was refused.
     Plugin {
         /// The plugin's name.

@@ -26,6 +26,38 @@ pub struct SpecError {
     pub message: String,
 }
 
+/// Every way a spec does not fit its Kind's schema, in the order of its fields: all of them at
+/// once, so that one fix is not followed by the next refusal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpecErrors(pub Vec<SpecError>);
+
+/// How many problems a message names before it counts the rest.
+const PROBLEMS_SHOWN: usize = 10;
+
+impl SpecErrors {
+    /// The first problem (there is always one).
+    pub fn first(&self) -> &SpecError {
+        &self.0[0]
+    }
+}
+
+impl std::fmt::Display for SpecErrors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, e) in self.0.iter().take(PROBLEMS_SHOWN).enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{e}")?;
+        }
+        if self.0.len() > PROBLEMS_SHOWN {
+            write!(f, "; and {} more", self.0.len() - PROBLEMS_SHOWN)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for SpecErrors {}
+
 /// How many known field names an unknown-field error lists.
 const NAMES_SHOWN: usize = 12;
 
@@ -40,21 +72,39 @@ pub enum UnknownFields {
     Ignore,
 }
 
-/// Checks `value` (found at `path`, such as `spec`) against `schema`.
+/// Checks `value` (found at `path`, such as `spec`) against `schema`: every problem, or none.
 pub fn check(
     schema: &Value,
     value: &Value,
     path: &str,
     unknown: UnknownFields,
-) -> Result<(), SpecError> {
-    let fail = |message: String| {
-        Err(SpecError {
+) -> Result<(), SpecErrors> {
+    let mut problems = Vec::new();
+    walk(schema, value, path, unknown, &mut problems);
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(SpecErrors(problems))
+    }
+}
+
+/// The problems of `value` (at `path`) against `schema`, added to `out`. A value of the wrong
+/// type is one problem: what is inside it is not looked at.
+fn walk(
+    schema: &Value,
+    value: &Value,
+    path: &str,
+    unknown: UnknownFields,
+    out: &mut Vec<SpecError>,
+) {
+    let mut fail = |message: String| {
+        out.push(SpecError {
             field: path.to_owned(),
             message,
-        })
+        });
     };
     if value.is_null() {
-        return Ok(());
+        return;
     }
     if let Some(options) = schema.get("enum").and_then(Value::as_array)
         && !options.contains(value)
@@ -71,8 +121,8 @@ pub fn check(
     }
     if flag(schema, "x-kubernetes-int-or-string") {
         return match value {
-            Value::String(_) => check_string(schema, value, path),
-            Value::Number(n) if whole(n) => check_number(schema, value, path),
+            Value::String(_) => check_string(schema, value, path, out),
+            Value::Number(n) if whole(n) => check_number(schema, value, path, out),
             _ => fail(format!(
                 "must be an integer or a string, not {}",
                 describe(value)
@@ -80,16 +130,16 @@ pub fn check(
         };
     }
     match (schema.get("type").and_then(Value::as_str), value) {
-        (Some("string"), Value::String(_)) => check_string(schema, value, path),
-        (Some("boolean"), Value::Bool(_)) => Ok(()),
-        (Some("integer"), Value::Number(n)) if whole(n) => check_number(schema, value, path),
-        (Some("number"), Value::Number(_)) => check_number(schema, value, path),
-        (Some("array"), Value::Array(items)) => check_array(schema, items, path, unknown),
+        (Some("string"), Value::String(_)) => check_string(schema, value, path, out),
+        (Some("boolean"), Value::Bool(_)) => {}
+        (Some("integer"), Value::Number(n)) if whole(n) => check_number(schema, value, path, out),
+        (Some("number"), Value::Number(_)) => check_number(schema, value, path, out),
+        (Some("array"), Value::Array(items)) => check_array(schema, items, path, unknown, out),
         (Some("object") | None, Value::Object(fields)) => {
-            check_object(schema, fields, path, unknown)
+            check_object(schema, fields, path, unknown, out);
         }
         // No type: any value (under `x-kubernetes-preserve-unknown-fields`).
-        (None, _) => Ok(()),
+        (None, _) => {}
         (Some(expected), _) => fail(format!(
             "must be {}, not {}",
             article(expected),
@@ -112,7 +162,8 @@ fn check_object(
     fields: &serde_json::Map<String, Value>,
     path: &str,
     unknown: UnknownFields,
-) -> Result<(), SpecError> {
+    out: &mut Vec<SpecError>,
+) {
     let properties = schema.get("properties").and_then(Value::as_object);
     for name in schema
         .get("required")
@@ -130,7 +181,7 @@ fn check_object(
             Some(_) => false,
         };
         if absent {
-            return Err(SpecError {
+            out.push(SpecError {
                 field: join(path, name),
                 message: "is required".to_owned(),
             });
@@ -142,8 +193,8 @@ fn check_object(
     for (name, child) in fields {
         let at = join(path, name);
         match (properties.and_then(|p| p.get(name)), additional) {
-            (Some(s), _) => check(s, child, &at, unknown)?,
-            (None, Some(s @ Value::Object(_))) => check(s, child, &at, unknown)?,
+            (Some(s), _) => walk(s, child, &at, unknown, out),
+            (None, Some(s @ Value::Object(_))) => walk(s, child, &at, unknown, out),
             (None, Some(Value::Bool(true))) => {}
             (None, _) if preserve || unknown == UnknownFields::Ignore => {}
             (None, _) => {
@@ -159,7 +210,7 @@ fn check_object(
                     (false, 0) => format!("known fields: {}", known.join(", ")),
                     (false, n) => format!("known fields: {}, and {n} more", known.join(", ")),
                 };
-                return Err(SpecError {
+                out.push(SpecError {
                     field: at,
                     message: format!("unknown field ({listed})"),
                 });
@@ -174,7 +225,8 @@ fn check_object(
         count,
         "fields",
         path,
-    )
+        out,
+    );
 }
 
 fn check_array(
@@ -182,26 +234,43 @@ fn check_array(
     items: &[Value],
     path: &str,
     unknown: UnknownFields,
-) -> Result<(), SpecError> {
+    out: &mut Vec<SpecError>,
+) {
     if let Some(item) = schema.get("items").filter(|i| i.is_object()) {
         for (i, v) in items.iter().enumerate() {
-            check(item, v, &format!("{path}[{i}]"), unknown)?;
+            walk(item, v, &format!("{path}[{i}]"), unknown, out);
         }
     }
-    bounds(schema, "minItems", "maxItems", items.len(), "items", path)
+    bounds(
+        schema,
+        "minItems",
+        "maxItems",
+        items.len(),
+        "items",
+        path,
+        out,
+    );
 }
 
-fn check_string(schema: &Value, value: &Value, path: &str) -> Result<(), SpecError> {
+fn check_string(schema: &Value, value: &Value, path: &str, out: &mut Vec<SpecError>) {
     let chars = value.as_str().map_or(0, |s| s.chars().count());
-    bounds(schema, "minLength", "maxLength", chars, "characters", path)
+    bounds(
+        schema,
+        "minLength",
+        "maxLength",
+        chars,
+        "characters",
+        path,
+        out,
+    );
 }
 
-fn check_number(schema: &Value, value: &Value, path: &str) -> Result<(), SpecError> {
-    let fail = |message: String| {
-        Err(SpecError {
+fn check_number(schema: &Value, value: &Value, path: &str, out: &mut Vec<SpecError>) {
+    let mut fail = |message: String| {
+        out.push(SpecError {
             field: path.to_owned(),
             message,
-        })
+        });
     };
     let range = match schema.get("format").and_then(Value::as_str) {
         Some("int32") => Some((i64::from(i32::MIN), i64::from(i32::MAX), "32")),
@@ -225,7 +294,7 @@ fn check_number(schema: &Value, value: &Value, path: &str) -> Result<(), SpecErr
         ));
     }
     let Some(v) = value.as_f64() else {
-        return Ok(());
+        return;
     };
     // (bound, its exclusive flag, which side of it is beyond, the words)
     let limits = [
@@ -248,7 +317,6 @@ fn check_number(schema: &Value, value: &Value, path: &str) -> Result<(), SpecErr
             return fail(format!("must be {op} {bound}, not {value}"));
         }
     }
-    Ok(())
 }
 
 /// Checks a count against the schema's `min_key` and `max_key`.
@@ -259,18 +327,19 @@ fn bounds(
     count: usize,
     what: &str,
     path: &str,
-) -> Result<(), SpecError> {
+    out: &mut Vec<SpecError>,
+) {
     let get = |k: &str| schema.get(k).and_then(Value::as_u64);
     let count64 = count as u64;
     let message = match (get(min_key), get(max_key)) {
         (Some(min), _) if count64 < min => format!("must have at least {min} {what}, not {count}"),
         (_, Some(max)) if count64 > max => format!("must have at most {max} {what}, not {count}"),
-        _ => return Ok(()),
+        _ => return,
     };
-    Err(SpecError {
+    out.push(SpecError {
         field: path.to_owned(),
         message,
-    })
+    });
 }
 
 fn flag(schema: &Value, key: &str) -> bool {
@@ -368,7 +437,8 @@ mod tests {
 
     fn err(spec: Value) -> (String, String) {
         let e = check(&schema(), &spec, "spec", UnknownFields::Refuse).expect_err("refused");
-        (e.field, e.message)
+        let first = e.first().clone();
+        (first.field, first.message)
     }
 
     #[test]
@@ -517,7 +587,7 @@ mod tests {
             UnknownFields::Refuse,
         )
         .expect_err("refused");
-        assert!(e.message.contains("out of range"), "{e}");
+        assert!(e.first().message.contains("out of range"), "{e}");
     }
 
     #[test]
@@ -535,7 +605,39 @@ mod tests {
         let s = json!({ "type": "integer", "format": "int64" });
         let e = check(&s, &json!(u64::MAX), "spec.n", UnknownFields::Refuse).expect_err("refused");
         assert!(
-            e.message.contains("out of range for a 64-bit integer"),
+            e.first()
+                .message
+                .contains("out of range for a 64-bit integer"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn every_problem_is_said_at_once() {
+        let spec = json!({
+            "image": { "pullPolicy": "Sometimes" },
+            "replicas": -1,
+            "ports": [{ "containerPort": "80" }, {}, {}],
+            "replica": 1,
+        });
+        let e = check(&schema(), &spec, "spec", UnknownFields::Refuse).expect_err("refused");
+        let mut fields: Vec<&str> = e.0.iter().map(|p| p.field.as_str()).collect();
+        fields.sort_unstable();
+        assert_eq!(
+            fields,
+            [
+                "spec.image.pullPolicy",
+                "spec.image.repository",
+                "spec.ports",
+                "spec.ports[0].containerPort",
+                "spec.replica",
+                "spec.replicas",
+            ],
+            "{e}"
+        );
+        assert!(
+            e.to_string()
+                .contains("spec.image.repository: is required; "),
             "{e}"
         );
     }

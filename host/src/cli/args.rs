@@ -334,6 +334,77 @@ pub struct SubjectArgs {
     pub plugin: String,
 }
 
+/// Which cluster a command talks to, as kubectl takes it.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ClusterArgs {
+    /// The kubeconfig file (default: $KUBECONFIG, else ~/.kube/config, else the pod's service
+    /// account when in a cluster).
+    #[arg(long, value_name = "FILE", global = true)]
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig's context to use (default: its current context).
+    #[arg(long, value_name = "NAME", global = true)]
+    pub context: Option<String>,
+}
+
+impl ClusterArgs {
+    /// The client configuration: from the kubeconfig and context given, else as kubectl finds
+    /// one (KUBECONFIG, ~/.kube/config), else the pod's own (in a cluster). An error says which
+    /// file or context could not be used.
+    pub async fn config(&self) -> Result<kube::Config, Error> {
+        use kube::config::{KubeConfigOptions, Kubeconfig};
+        let options = KubeConfigOptions {
+            context: self.context.clone(),
+            ..KubeConfigOptions::default()
+        };
+        let unusable = |source: String| Error::Kubeconfig {
+            what: match (&self.kubeconfig, &self.context) {
+                (Some(file), Some(context)) => {
+                    format!("the context {context:?} of {}", file.display())
+                }
+                (Some(file), None) => file.display().to_string(),
+                (None, Some(context)) => format!("the kubeconfig's context {context:?}"),
+                (None, None) => "the kubeconfig".to_owned(),
+            },
+            reason: source,
+        };
+        match &self.kubeconfig {
+            Some(file) => {
+                let kubeconfig =
+                    Kubeconfig::read_from(file).map_err(|e| unusable(e.to_string()))?;
+                kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+                    .await
+                    .map_err(|e| unusable(e.to_string()))
+            }
+            None if self.context.is_some() => kube::Config::from_kubeconfig(&options)
+                .await
+                .map_err(|e| unusable(e.to_string())),
+            None => kube::Config::infer().await.map_err(|e| Error::Kubeconfig {
+                what: "the kubeconfig".to_owned(),
+                reason: format!(
+                    "no usable kubeconfig ($KUBECONFIG, else ~/.kube/config) and not in a cluster; give --kubeconfig ({e})"
+                ),
+            }),
+        }
+    }
+
+    /// A client for the cluster, naming itself `agent` in every request when given, once the
+    /// cluster has answered (its version): a cluster that cannot be reached is said before the
+    /// command starts, with its address.
+    pub async fn client(&self, agent: Option<&str>) -> Result<kube::Client, Error> {
+        let mut config = self.config().await?;
+        if let Some(value) = agent.and_then(|a| http::HeaderValue::from_str(a).ok()) {
+            config.headers.push((http::header::USER_AGENT, value));
+        }
+        let server = config.cluster_url.to_string();
+        let client = kube::Client::try_from(config).map_err(Error::Cluster)?;
+        client
+            .apiserver_version()
+            .await
+            .map_err(|source| Error::Unreachable { server, source })?;
+        Ok(client)
+    }
+}
+
 /// A namespace name given on the command line.
 pub(super) fn parse_namespace(s: &str) -> Result<String, String> {
     if documents::is_namespace(s) {

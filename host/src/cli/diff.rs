@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use super::{Error, PluginArgs, ReportFormat, emit};
+use super::{ClusterArgs, Error, PluginArgs, ReportFormat, emit};
 
 /// `host diff`.
 #[derive(Debug, Args)]
@@ -12,12 +12,15 @@ pub struct DiffArgs {
     /// Plugins and limits (`--plugin NEW` previews a new version of a plugin).
     #[command(flatten)]
     pub plugins: PluginArgs,
+    /// The cluster.
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
     /// Preview every resource of the plugins' Kinds in the cluster (with `--plugin NEW`: an
     /// upgrade of that plugin, before it is rolled out) instead of files.
     #[arg(long, conflicts_with = "files")]
     pub all: bool,
-    /// With `--all`, only this namespace.
-    #[arg(long, short = 'n', requires = "all")]
+    /// With `--all`, only the resources of this namespace.
+    #[arg(long, short = 'n', requires = "all", value_parser = super::args::parse_namespace, value_name = "NS")]
     pub namespace: Option<String>,
     /// Report format.
     #[arg(short, long, value_enum, default_value_t = ReportFormat::Text)]
@@ -42,7 +45,7 @@ pub(super) fn run(args: &DiffArgs) -> Result<ExitCode, Error> {
     let runtime = super::runtime(None)?;
     let mut notes = Vec::new();
     let mut report = runtime.block_on(async {
-        let client = kube::Client::try_default().await.map_err(Error::Cluster)?;
+        let client = args.cluster.client(None).await?;
         if args.all {
             // With `--plugin NEW`, the Kinds of the plugins given (a built-in one it replaces is
             // previewed with it); else every Kind served.

@@ -10,9 +10,31 @@ pub enum Error {
     /// The async runtime could not start.
     #[error("could not start the async runtime: {0}")]
     Start(#[source] std::io::Error),
-    /// The cluster could not be reached: no kubeconfig, or no answer.
+    /// The cluster could not be reached: no answer, or no client could be made.
     #[error("cannot reach the cluster: {0}")]
     Cluster(#[source] kube::Error),
+    /// The metrics server's certificate cannot be used.
+    #[error(transparent)]
+    Metrics(#[from] crate::operator::secure::Error),
+    /// The cluster did not answer.
+    #[error("cannot reach the cluster at {server}: {source}")]
+    Unreachable {
+        /// The API server's address.
+        server: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// The command line asks for something the command does not do.
+    #[error("{0}")]
+    Usage(String),
+    /// No kubeconfig, or one that cannot be used (a file, a context).
+    #[error("cannot use {what}: {reason}")]
+    Kubeconfig {
+        /// The file or context.
+        what: String,
+        /// Why.
+        reason: String,
+    },
     /// An input (a file, a document, a plugin, a flag's value) is not what the command needs.
     #[error(transparent)]
     Input(#[from] crate::Error),
@@ -62,6 +84,14 @@ pub enum Error {
     /// Signatures could not be checked, or none counts.
     #[error(transparent)]
     Signature(#[from] crate::signature::Error),
+    /// An endpoint `host probe` asked did not answer.
+    #[error("{url}: {reason}")]
+    Probe {
+        /// What was asked.
+        url: String,
+        /// Why there is no answer.
+        reason: String,
+    },
     /// A file could not be read.
     #[error("cannot read {}: {source}", path.display())]
     Read {

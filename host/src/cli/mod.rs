@@ -13,6 +13,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 mod admission;
 mod args;
 mod check;
+mod completion;
 mod crds;
 #[cfg(feature = "dev")]
 mod dev;
@@ -20,6 +21,7 @@ mod diff;
 mod error;
 mod inspect;
 mod new;
+mod probe;
 mod pull;
 mod push;
 mod rbac;
@@ -28,8 +30,9 @@ mod run;
 mod verify;
 
 pub use admission::AdmissionArgs;
-pub use args::{PluginArgs, PolicyArgs, RegistryArgs, SandboxArgs, SubjectArgs};
+pub use args::{ClusterArgs, PluginArgs, PolicyArgs, RegistryArgs, SandboxArgs, SubjectArgs};
 pub use check::CheckArgs;
+pub use completion::CompletionArgs;
 pub use crds::CrdsArgs;
 #[cfg(feature = "dev")]
 pub use dev::DevArgs;
@@ -37,6 +40,7 @@ pub use diff::DiffArgs;
 pub use error::Error;
 pub use inspect::InspectArgs;
 pub use new::NewArgs;
+pub use probe::ProbeArgs;
 pub use pull::PullArgs;
 pub use push::PushArgs;
 pub use rbac::RbacArgs;
@@ -129,6 +133,12 @@ pub enum Command {
     /// run under the operator's field manager and compared with the live object, and what it
     /// would prune. Writes nothing. Exit 0: no differences; 1: differences; 2: an error.
     Diff(DiffArgs),
+    /// Print the completion script of a shell (bash, zsh, fish, elvish, powershell).
+    Completion(CompletionArgs),
+    /// Ask an HTTP endpoint, such as the operator's /readyz, and print its answer: exit 0 when
+    /// it answers 2xx, 1 when it answers otherwise, 2 when it does not answer (the image's
+    /// probe: it has no shell or curl; `helm test` runs it).
+    Probe(ProbeArgs),
     /// A demo with nothing to install: a Kubernetes control plane of its own (kwok simulates the
     /// pods), the CRDs, the operator, the examples applied, and a live table of each going to
     /// Ready. Ctrl-C tears it all down.
@@ -180,6 +190,8 @@ impl Cli {
             Command::Verify(args) => verify::run(&args),
             Command::New(args) => new::run(&args),
             Command::Diff(args) => diff::run(&args),
+            Command::Probe(args) => probe::run(&args),
+            Command::Completion(args) => completion::run(&args),
             #[cfg(feature = "dev")]
             Command::Dev(args) => dev::run(&args),
         };

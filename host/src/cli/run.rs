@@ -16,14 +16,36 @@ pub struct RunArgs {
     /// Plugins and limits.
     #[command(flatten)]
     pub plugins: PluginArgs,
+    /// The cluster.
+    #[command(flatten)]
+    pub cluster: super::ClusterArgs,
     /// Watch only these namespaces: repeat the flag or separate them with commas (default:
     /// every namespace). Each is watched on its own, so the operator needs rights in these
     /// namespaces only (`host rbac --watch-namespace`).
-    #[arg(long = "namespace", env = "WATCH_NAMESPACE", value_delimiter = ',', value_parser = parse_namespace, value_name = "NS")]
+    #[arg(long = "watch-namespace", env = "WATCH_NAMESPACE", value_delimiter = ',', value_parser = parse_namespace, value_name = "NS")]
     pub namespaces: Vec<String>,
-    /// Where /healthz, /readyz and /metrics are served.
-    #[arg(long, default_value = "0.0.0.0:8080")]
+    /// Refused: `-n/--namespace` never names the namespaces to watch (`--watch-namespace`) or
+    /// the Lease's (`--lease-namespace`), so that it means one thing in every command.
+    #[arg(short = 'n', long = "namespace", hide = true, value_name = "NS")]
+    pub namespace: Option<String>,
+    /// Where /metrics is served: over HTTPS to whoever the API server says may `get
+    /// /metrics` (a TokenReview of the request's bearer token, then a SubjectAccessReview), or
+    /// plain HTTP with /healthz and /readyz beside it under `--metrics-secure=false`.
+    #[arg(long, default_value = "0.0.0.0:8443")]
     pub metrics_addr: std::net::SocketAddr,
+    /// Serve /metrics over HTTPS with authentication and authorization by the API server (the
+    /// operator needs to create TokenReviews and SubjectAccessReviews: `host rbac` grants it).
+    /// `false` serves it, and the probes, over plain HTTP on --metrics-addr, to anyone.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub metrics_secure: bool,
+    /// A directory with the metrics server's certificate and key, `tls.crt` and `tls.key` (a
+    /// cert-manager Secret, mounted); default: a self-signed certificate made at start.
+    #[arg(long, value_name = "DIR")]
+    pub metrics_cert_dir: Option<std::path::PathBuf>,
+    /// Where /healthz and /readyz are served (plain HTTP, for the kubelet) when /metrics is
+    /// secure.
+    #[arg(long, default_value = "0.0.0.0:8081")]
+    pub health_probe_addr: std::net::SocketAddr,
     /// Elect a leader on a coordination.k8s.io Lease, so that several replicas can run.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_elect: bool,
@@ -102,6 +124,11 @@ fn stuck_after(asked: Option<Duration>, render_wait: Duration) -> Duration {
 }
 
 pub(super) fn run(args: &RunArgs) -> Result<ExitCode, Error> {
+    if let Some(ns) = &args.namespace {
+        return Err(Error::Usage(format!(
+            "host run takes no -n/--namespace {ns}: the namespaces to watch are --watch-namespace {ns}, the Lease's is --lease-namespace {ns}"
+        )));
+    }
     let plugin_runtime = args.plugins.sandbox.runtime()?;
     let registry = args.plugins.registry_in(&plugin_runtime)?;
     let plugin_resources = if args.plugin_resources {
@@ -124,6 +151,21 @@ pub(super) fn run(args: &RunArgs) -> Result<ExitCode, Error> {
     let settings = crate::operator::Settings {
         namespaces: args.namespaces.clone(),
         metrics_addr: args.metrics_addr,
+        metrics_tls: if args.metrics_secure {
+            let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+            let names: Vec<String> = ["localhost", host.trim()]
+                .into_iter()
+                .filter(|n| !n.is_empty())
+                .map(str::to_owned)
+                .collect();
+            Some(crate::operator::secure::tls_config(
+                args.metrics_cert_dir.as_deref(),
+                &names,
+            )?)
+        } else {
+            None
+        },
+        health_addr: args.health_probe_addr,
         leader_election: args.leader_elect,
         lease_namespace: args.lease_namespace.clone(),
         lease_name: args.lease_name.clone(),
@@ -141,14 +183,10 @@ pub(super) fn run(args: &RunArgs) -> Result<ExitCode, Error> {
     let result = runtime.block_on(async move {
         // The operator names itself in every request, so the API server's audit log and
         // metrics tell its writes (and each replica's) apart from everyone else's.
-        let mut config = kube::Config::infer()
+        let client = args.cluster.client(Some(&agent)).await?;
+        crate::operator::run(client, registry, settings, shutdown_signal())
             .await
-            .map_err(|e| crate::operator::Error::Kube(kube::Error::InferConfig(e)))?;
-        if let Ok(value) = http::HeaderValue::from_str(&agent) {
-            config.headers.push((http::header::USER_AGENT, value));
-        }
-        let client = kube::Client::try_from(config)?;
-        crate::operator::run(client, registry, settings, shutdown_signal()).await
+            .map_err(Error::from)
     });
     // A render that never returned (the operator stopped waiting for it) must not hold the
     // process after shutdown.

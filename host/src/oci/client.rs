@@ -418,7 +418,7 @@ impl Client {
 }
 
 /// The TLS settings: the system's roots, and those of `ca_file`.
-fn tls_config(ca_file: Option<&std::path::Path>) -> Result<rustls::ClientConfig, Error> {
+pub fn tls_config(ca_file: Option<&std::path::Path>) -> Result<rustls::ClientConfig, Error> {
     let mut roots = rustls::RootCertStore::empty();
     // Roots that cannot be read are skipped: a registry that needs one fails with a TLS error.
     for cert in rustls_native_certs::load_native_certs().certs {

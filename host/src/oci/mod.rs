@@ -20,7 +20,7 @@ use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
 
-pub use client::{Client, Options};
+pub use client::{Client, Options, tls_config};
 pub use reference::{Reference, SCHEME, is_digest};
 pub use store::Store;
 

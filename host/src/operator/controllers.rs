@@ -9,6 +9,8 @@ pub(super) struct KindControllers {
     pub(super) stop: watch::Sender<bool>,
     /// Each asks its controller to reconcile every resource of the Kind.
     pub(super) rescans: Vec<mpsc::UnboundedSender<()>>,
+    /// Their name (`<plural>.<group>`), as the metrics say it.
+    pub(super) controller: String,
 }
 
 impl KindControllers {
@@ -63,6 +65,7 @@ impl Controllers {
             .or_insert_with(|| KindControllers {
                 stop: watch::channel(false).0,
                 rescans: Vec::new(),
+                controller: controller.clone(),
             })
             .stop
             .subscribe();
@@ -101,15 +104,40 @@ impl Controllers {
             let reader = writer.as_reader();
             let (first_list, done) = FirstList::new();
             let health = (shared.metrics.clone(), watch.clone());
+            let (queue, queue_name) = (shared.metrics.clone(), controller.clone());
+            let (forget, forget_name) = (shared.metrics.clone(), controller.clone());
             let trigger =
                 reflector::reflector(writer, watcher(api, watch_config()).modify(trim_resource))
                     .inspect(first_list.observer())
                     .inspect(move |event| watch_health(&health.0, &health.1, event))
+                    .inspect(move |event| {
+                        if let Ok(kube::runtime::watcher::Event::Delete(o)) = event {
+                            forget.forgotten(&forget_name, &reconcile::queue_key(o));
+                        }
+                    })
                     .default_backoff()
                     .applied_objects()
-                    .predicate_filter(render_input, PredicateConfig::default());
+                    .predicate_filter(render_input, PredicateConfig::default())
+                    .inspect(move |o| {
+                        if let Ok(o) = o {
+                            queue.queued(&queue_name, &reconcile::queue_key(o));
+                        }
+                    });
+            // A child's change asks for its owner.
+            let (queue, queue_name) = (shared.metrics.clone(), controller.clone());
+            let rx = rx.inspect(move |owner: &reflector::ObjectRef<DynamicObject>| {
+                queue.queued(
+                    &queue_name,
+                    &format!(
+                        "{}/{}",
+                        owner.namespace.as_deref().unwrap_or_default(),
+                        owner.name
+                    ),
+                );
+            });
             let name = watch.clone();
             let watch_name = watch.clone();
+            let (gone, gone_name) = (shared.metrics.clone(), controller.clone());
             let run = Controller::for_stream_with(trigger, reader, ar.clone())
                 .with_config(
                     kube::runtime::controller::Config::default().concurrency(settings.concurrency),
@@ -121,10 +149,28 @@ impl Controllers {
                 .for_each(move |result| {
                     // A reconciler's failure was logged and counted by `reconcile`; anything
                     // else (a queue or store error) would otherwise go unseen.
-                    if let Err(e) = result
-                        && !matches!(e, kube::runtime::controller::Error::ReconcilerFailed(..))
-                    {
-                        tracing::warn!(controller = %name, "controller: {e}");
+                    match result {
+                        // Asked for (a child's change after its owner was deleted), and gone:
+                        // it waits no more.
+                        Err(kube::runtime::controller::Error::ObjectNotFound(r)) => {
+                            gone.forgotten(
+                                &gone_name,
+                                &format!(
+                                    "{}/{}",
+                                    r.namespace.as_deref().unwrap_or_default(),
+                                    r.name
+                                ),
+                            );
+                        }
+                        Err(e)
+                            if !matches!(
+                                e,
+                                kube::runtime::controller::Error::ReconcilerFailed(..)
+                            ) =>
+                        {
+                            tracing::warn!(controller = %name, "controller: {e}");
+                        }
+                        _ => {}
                     }
                     futures::future::ready(())
                 });
@@ -180,6 +226,7 @@ impl Controllers {
     pub(crate) fn stop_kind(&self, shared: &Shared, key: &str) {
         if let Some(k) = lock(&self.kinds).remove(key) {
             let _ = k.stop.send(true);
+            shared.metrics.controller_stopped(&k.controller);
         }
         lock(&shared.owners).remove(key);
         lock(&self.unserved).retain(|(_, kind, gvk)| {

@@ -67,6 +67,94 @@ pub struct WatchLabels {
     pub watch: String,
 }
 
+/// `name` label: the Lease.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LeaseLabels {
+    /// The Lease's name.
+    pub name: String,
+}
+
+/// The labels of `wasm_operator_build_info`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    /// The operator's version.
+    pub version: String,
+    /// The plugin contract it serves (`wasm-operator:plugin@X.Y.Z`).
+    pub contract: String,
+}
+
+/// The labels of `wasm_operator_plugin_info`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PluginInfoLabels {
+    /// The plugin's name.
+    pub plugin: String,
+    /// Its version.
+    pub version: String,
+    /// The sha256 of its component (`sha256:...`).
+    pub sha256: String,
+    /// Where it comes from: `builtin`, a file, `oci://...` or `Plugin/NAME`.
+    pub source: String,
+}
+
+/// `name` label: the controller, `<plural>.<group>`, as client-go's workqueue metrics name a
+/// queue.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct NameLabels {
+    /// The Kind's controller.
+    pub name: String,
+}
+
+/// `workqueue_unfinished_work_seconds` and `workqueue_longest_running_processor_seconds` of each
+/// controller, from the reconciliations in flight at the scrape.
+#[derive(Debug)]
+struct Unfinished(Arc<Mutex<Health>>);
+
+impl prometheus_client::collector::Collector for Unfinished {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric as _;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        let now = Instant::now();
+        // controller: (the seconds all its reconciliations in flight have run, the longest)
+        let mut by_controller: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+        for (controller, started) in super::lock(&self.0).running.values() {
+            let ran = now.duration_since(*started).as_secs_f64();
+            let entry = by_controller.entry(controller.clone()).or_default();
+            entry.0 += ran;
+            entry.1 = entry.1.max(ran);
+        }
+        for (name, help, longest) in [
+            (
+                "workqueue_unfinished_work_seconds",
+                "Seconds the reconciliations in flight have run, together",
+                false,
+            ),
+            (
+                "workqueue_longest_running_processor_seconds",
+                "Seconds the longest reconciliation in flight has run",
+                true,
+            ),
+        ] {
+            let mut family = encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                prometheus_client::metrics::MetricType::Gauge,
+            )?;
+            for (controller, (total, max)) in &by_controller {
+                let labels = NameLabels {
+                    name: controller.clone(),
+                };
+                let gauge = ConstGauge::new(if longest { *max } else { *total });
+                gauge.encode(family.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// How long a watch may keep failing before `/readyz` says the operator is not ready, unless
 /// set otherwise (`host run --unready-after`).
 pub const WATCH_FAILING: Duration = Duration::from_secs(30);
@@ -91,7 +179,8 @@ struct Failing {
 #[derive(Debug)]
 struct Health {
     watches: BTreeMap<String, Failing>,
-    running: BTreeMap<u64, Instant>,
+    /// Reconciliations in flight: their controller and when they started.
+    running: BTreeMap<u64, (String, Instant)>,
     next: u64,
     failing_after: Duration,
     stuck_after: Duration,
@@ -143,7 +232,7 @@ impl Health {
     fn longest_running(&self, now: Instant) -> Option<Duration> {
         self.running
             .values()
-            .map(|started| now.duration_since(*started))
+            .map(|(_, started)| now.duration_since(*started))
             .max()
     }
 }
@@ -151,6 +240,8 @@ impl Health {
 /// Every metric the operator exports.
 pub struct Metrics {
     registry: Registry,
+    /// Every series name a scrape can hold, samples or not yet.
+    series: std::collections::BTreeSet<String>,
     /// `controller_runtime_reconcile_total`.
     pub reconcile_total: Family<ResultLabels, Counter>,
     /// `controller_runtime_reconcile_errors_total`.
@@ -180,10 +271,30 @@ pub struct Metrics {
     pub plugins_prefetched: Gauge,
     /// `wasm_operator_reports_pending`: status writes and events queued or being written.
     pub reports_pending: Gauge,
+    /// `leader_election_master_status`: 1 while this replica leads, by Lease.
+    pub leader: Family<LeaseLabels, Gauge>,
+    /// `wasm_operator_plugin_info`: 1 for each plugin served, with its version and digest.
+    pub plugin_info: Family<PluginInfoLabels, Gauge>,
+    /// `wasm_operator_plugin_resource_ready`: whether each Plugin resource is Ready (1) or not
+    /// (0), by its name.
+    pub plugin_ready: Family<PluginLabels, Gauge>,
     ready: AtomicBool,
     /// Whether any watch has failed and not worked since (a fast path for every event).
     any_failing: AtomicBool,
-    health: Mutex<Health>,
+    health: Arc<Mutex<Health>>,
+    /// Resources each controller was asked to reconcile and has not started: when each was
+    /// first asked, by controller and `namespace/name`.
+    pending: Mutex<BTreeMap<(String, String), Instant>>,
+    /// `workqueue_adds_total`.
+    pub queue_adds: Family<NameLabels, Counter>,
+    /// `workqueue_depth`.
+    pub queue_depth: Family<NameLabels, Gauge>,
+    /// `workqueue_queue_duration_seconds`.
+    pub queue_latency: Family<NameLabels, Histogram>,
+    /// `workqueue_work_duration_seconds`.
+    pub work_duration: Family<NameLabels, Histogram>,
+    /// `workqueue_retries_total`.
+    pub queue_retries: Family<NameLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -195,6 +306,8 @@ impl std::fmt::Debug for Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::default();
+        // Each series name a scrape can hold (see [`Metrics::series`]).
+        let mut series = std::collections::BTreeSet::new();
         let reconcile_total = Family::<ResultLabels, Counter>::default();
         let reconcile_errors = Family::<ControllerLabels, Counter>::default();
         let reconcile_time = Family::<ControllerLabels, Histogram>::new_with_constructor(|| {
@@ -207,12 +320,16 @@ impl Default for Metrics {
         let render_failures = Family::<FailureLabels, Counter>::default();
         let budget_wait = Histogram::new(exponential_buckets(0.0001, 4.0, 10));
         let budget_timeouts = Counter::default();
-        registry.register(
+        register(
+            &mut registry,
+            &mut series,
             "wasm_operator_render_budget_wait_seconds",
             "Time plugin calls waited for their share of the memory budget (--render-memory)",
             budget_wait.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut series,
             "wasm_operator_render_budget_timeouts",
             "Reconciliations that waited too long for their share of the memory budget and were tried again",
             budget_timeouts.clone(),
@@ -222,63 +339,184 @@ impl Default for Metrics {
         let report_errors = Family::<WriteLabels, Counter>::default();
         let plugins_prefetched = Gauge::default();
         let reports_pending = Gauge::default();
-        registry.register(
+        register(
+            &mut registry,
+            &mut series,
             "wasm_operator_reports_pending",
             "Status writes and events queued or being written",
             reports_pending.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut series,
             "wasm_operator_plugins_prefetched",
             "Plugin resources a standby replica holds loaded for when it leads",
             plugins_prefetched.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut series,
             "wasm_operator_watch_errors",
             "Errors of the watches (each is retried with backoff)",
             watch_errors.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut series,
             "wasm_operator_report_errors",
             "Status and event writes that failed",
             report_errors.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut series,
             "controller_runtime_reconcile",
             "Reconciliations per controller and result",
             reconcile_total.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut series,
             "controller_runtime_reconcile_errors",
             "Reconciliations that failed",
             reconcile_errors.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut series,
             "controller_runtime_reconcile_time_seconds",
             "Time per reconciliation",
             reconcile_time.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut series,
             "controller_runtime_active_workers",
             "Reconciliations in flight",
             active_workers.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut series,
             "wasm_operator_plugin_render_seconds",
             "Time per plugin render, sandbox included",
             render_time.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut series,
             "wasm_operator_plugin_render_failures",
             "Renders that failed, by reason",
             render_failures.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut series,
             "wasm_operator_api_writes",
             "Write requests sent to the API server",
             writes.clone(),
         );
+        let leader = Family::<LeaseLabels, Gauge>::default();
+        register(
+            &mut registry,
+            &mut series,
+            "leader_election_master_status",
+            "Whether this replica leads (1) or waits (0), by Lease",
+            leader.clone(),
+        );
+        let build = Family::<BuildLabels, Gauge>::default();
+        build
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION").to_owned(),
+                contract: env!("CONTRACT_VERSION").to_owned(),
+            })
+            .set(1);
+        register(
+            &mut registry,
+            &mut series,
+            "wasm_operator_build_info",
+            "The operator's version and the plugin contract it serves (always 1)",
+            build,
+        );
+        let plugin_info = Family::<PluginInfoLabels, Gauge>::default();
+        register(
+            &mut registry,
+            &mut series,
+            "wasm_operator_plugin_info",
+            "Each plugin served, with its version, digest and source (always 1)",
+            plugin_info.clone(),
+        );
+        let plugin_ready = Family::<PluginLabels, Gauge>::default();
+        register(
+            &mut registry,
+            &mut series,
+            "wasm_operator_plugin_resource_ready",
+            "Whether each Plugin resource is served as it asks (1) or not (0): its Ready condition",
+            plugin_ready.clone(),
+        );
+        registry.register_collector(Box::new(super::process::ProcessCollector));
+        series.extend(super::process::SERIES.iter().map(|s| (*s).to_owned()));
+        // The work queues, as controller-runtime's (client-go's) workqueue metrics describe
+        // theirs; kube's controller keeps its queue to itself, so they are counted around it.
+        let queue_adds = Family::<NameLabels, Counter>::default();
+        let queue_depth = Family::<NameLabels, Gauge>::default();
+        let queue_latency = Family::<NameLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.001, 4.0, 10))
+        });
+        let work_duration = Family::<NameLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.001, 4.0, 10))
+        });
+        let queue_retries = Family::<NameLabels, Counter>::default();
+        register(
+            &mut registry,
+            &mut series,
+            "workqueue_adds",
+            "Resources a controller was asked to reconcile (by a change, a child's change, a requeue or a retry)",
+            queue_adds.clone(),
+        );
+        register(
+            &mut registry,
+            &mut series,
+            "workqueue_depth",
+            "Resources a controller was asked to reconcile and has not started",
+            queue_depth.clone(),
+        );
+        register(
+            &mut registry,
+            &mut series,
+            "workqueue_queue_duration_seconds",
+            "How long a resource waited between the change that asked for it and its reconciliation",
+            queue_latency.clone(),
+        );
+        register(
+            &mut registry,
+            &mut series,
+            "workqueue_work_duration_seconds",
+            "How long a reconciliation took",
+            work_duration.clone(),
+        );
+        register(
+            &mut registry,
+            &mut series,
+            "workqueue_retries",
+            "Reconciliations retried after a failure",
+            queue_retries.clone(),
+        );
+        let health = Arc::new(Mutex::new(Health::default()));
+        registry.register_collector(Box::new(Unfinished(health.clone())));
+        series.extend(
+            [
+                "workqueue_unfinished_work_seconds",
+                "workqueue_longest_running_processor_seconds",
+            ]
+            .map(str::to_owned),
+        );
         Self {
             registry,
+            series,
+            leader,
+            plugin_info,
+            plugin_ready,
             reconcile_total,
             reconcile_errors,
             reconcile_time,
@@ -294,7 +532,13 @@ impl Default for Metrics {
             reports_pending,
             ready: AtomicBool::new(false),
             any_failing: AtomicBool::new(false),
-            health: Mutex::new(Health::default()),
+            health,
+            pending: Mutex::new(BTreeMap::new()),
+            queue_adds,
+            queue_depth,
+            queue_latency,
+            work_duration,
+            queue_retries,
         }
     }
 }
@@ -341,11 +585,13 @@ impl Metrics {
 
     /// Marks a reconciliation as running until the returned guard is dropped; `/healthz` fails
     /// while one has run for longer than its limit (see [`Metrics::set_limits`]).
-    pub fn running(self: &Arc<Self>) -> Running {
+    pub fn running(self: &Arc<Self>, controller: &str) -> Running {
         let mut health = self.health();
         let id = health.next;
         health.next += 1;
-        health.running.insert(id, Instant::now());
+        health
+            .running
+            .insert(id, (controller.to_owned(), Instant::now()));
         Running {
             metrics: self.clone(),
             id,
@@ -383,8 +629,104 @@ impl Metrics {
     }
 
     /// Marks the operator ready (or not) for `/readyz`.
+    /// A controller was asked to reconcile `key` (`namespace/name`): a change of the resource
+    /// or of one of its children.
+    pub fn queued(&self, controller: &str, key: &str) {
+        let labels = NameLabels {
+            name: controller.to_owned(),
+        };
+        let mut pending = super::lock(&self.pending);
+        // As client-go counts: a resource already waiting is not added again.
+        if let std::collections::btree_map::Entry::Vacant(v) =
+            pending.entry((controller.to_owned(), key.to_owned()))
+        {
+            v.insert(Instant::now());
+            self.queue_adds.get_or_create(&labels).inc();
+        }
+        self.queue_depth
+            .get_or_create(&labels)
+            .set(depth(&pending, controller));
+    }
+
+    /// A controller starts reconciling `key`: how long it waited, when a change asked for it;
+    /// a timed requeue or a retry counts as asked now.
+    pub fn dequeued(&self, controller: &str, key: &str) {
+        let labels = NameLabels {
+            name: controller.to_owned(),
+        };
+        let mut pending = super::lock(&self.pending);
+        match pending.remove(&(controller.to_owned(), key.to_owned())) {
+            Some(since) => {
+                Self::observe(&self.queue_latency.get_or_create(&labels), since.elapsed())
+            }
+            None => {
+                self.queue_adds.get_or_create(&labels).inc();
+                Self::observe(&self.queue_latency.get_or_create(&labels), Duration::ZERO);
+            }
+        }
+        self.queue_depth
+            .get_or_create(&labels)
+            .set(depth(&pending, controller));
+    }
+
+    /// `controller` stopped (its Kind no longer served): nothing of it waits.
+    pub fn controller_stopped(&self, controller: &str) {
+        let mut pending = super::lock(&self.pending);
+        pending.retain(|(c, _), _| c != controller);
+        self.queue_depth
+            .get_or_create(&NameLabels {
+                name: controller.to_owned(),
+            })
+            .set(0);
+    }
+
+    /// `key` was deleted: the controller will not reconcile it for what asked before.
+    pub fn forgotten(&self, controller: &str, key: &str) {
+        let mut pending = super::lock(&self.pending);
+        if pending
+            .remove(&(controller.to_owned(), key.to_owned()))
+            .is_some()
+        {
+            self.queue_depth
+                .get_or_create(&NameLabels {
+                    name: controller.to_owned(),
+                })
+                .set(depth(&pending, controller));
+        }
+    }
+
+    /// Says that `plugin` is served (`true`) or no longer (`false`), from `source`.
+    pub fn plugin_served(&self, plugin: &crate::plugin::Plugin, source: &str, served: bool) {
+        let labels = PluginInfoLabels {
+            plugin: plugin.name().to_owned(),
+            version: plugin.info().version.clone(),
+            sha256: format!("sha256:{}", plugin.sha256()),
+            source: source.to_owned(),
+        };
+        if served {
+            self.plugin_info.get_or_create(&labels).set(1);
+        } else {
+            self.plugin_info.remove(&labels);
+        }
+    }
+
+    /// Says whether this replica leads on the Lease `name`.
+    pub fn set_leader(&self, name: &str, leads: bool) {
+        self.leader
+            .get_or_create(&LeaseLabels {
+                name: name.to_owned(),
+            })
+            .set(i64::from(leads));
+    }
+
     pub fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::Relaxed);
+    }
+
+    /// Every series name a scrape can hold once it has samples (a family with none is left
+    /// out of a scrape): what alerts and dashboards may ask for.
+    pub fn series(&self) -> &std::collections::BTreeSet<String> {
+        &self.series
     }
 
     /// The OpenMetrics text.
@@ -394,10 +736,54 @@ impl Metrics {
         out
     }
 
+    /// Prometheus's text format (0.0.4).
+    pub fn encode_text(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry);
+        out
+    }
+
     /// Times `f` into a histogram in seconds.
     pub fn observe(h: &Histogram, took: Duration) {
         h.observe(took.as_secs_f64());
     }
+}
+
+/// Registers `metric` as `name`, and records the names of the series it exports (`_total` of a
+/// counter; `_bucket`, `_sum` and `_count` of a histogram).
+fn register<M>(
+    registry: &mut Registry,
+    series: &mut std::collections::BTreeSet<String>,
+    name: &str,
+    help: &str,
+    metric: M,
+) where
+    M: prometheus_client::registry::Metric + prometheus_client::encoding::EncodeMetric,
+{
+    use prometheus_client::metrics::MetricType;
+    match metric.metric_type() {
+        MetricType::Counter => {
+            series.insert(format!("{name}_total"));
+        }
+        MetricType::Histogram => {
+            for suffix in ["_bucket", "_sum", "_count"] {
+                series.insert(format!("{name}{suffix}"));
+            }
+        }
+        _ => {
+            series.insert(name.to_owned());
+        }
+    }
+    registry.register(name, help, metric);
+}
+
+/// How many resources `controller` has pending.
+fn depth(pending: &BTreeMap<(String, String), Instant>, controller: &str) -> i64 {
+    let count = pending
+        .range((controller.to_owned(), String::new())..)
+        .take_while(|((c, _), _)| c == controller)
+        .count();
+    i64::try_from(count).unwrap_or(i64::MAX)
 }
 
 /// A reconciliation in flight; see [`Metrics::running`].
@@ -427,27 +813,90 @@ async fn readyz(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
     }
 }
 
-async fn metrics(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        m.encode(),
-    )
+/// `/metrics`: OpenMetrics to a scraper that asks for it (Prometheus does), else Prometheus's
+/// text format 0.0.4, as client_golang negotiates.
+async fn metrics(
+    State(m): State<Arc<Metrics>>,
+    headers: axum::http::HeaderMap,
+) -> impl IntoResponse {
+    let openmetrics = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("application/openmetrics-text"));
+    if openmetrics {
+        (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            m.encode(),
+        )
+    } else {
+        (
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            m.encode_text(),
+        )
+    }
 }
 
-/// Serves `/healthz`, `/readyz` and `/metrics` on `addr` until `shutdown` resolves.
-pub async fn serve(
+/// How `/metrics` is served: over HTTPS, to whom the API server says may read it.
+#[derive(Debug, Clone)]
+pub struct Secure {
+    /// The server's certificate and key.
+    pub tls: Arc<rustls::ServerConfig>,
+    /// Who asks the API server about each request's token.
+    pub reviewer: super::secure::Reviewer,
+    /// Where `/healthz` and `/readyz` are served, plain, for the kubelet.
+    pub health_addr: SocketAddr,
+}
+
+/// Serves `/healthz`, `/readyz` and `/metrics` on `addr` until the future `stopped` makes
+/// resolves: all plain HTTP, or, with `secure`, `/metrics` over HTTPS to those allowed and the
+/// probes plain on their own address. The address `/metrics` is served on.
+pub async fn serve<F>(
     addr: SocketAddr,
+    secure: Option<Secure>,
     metrics_state: Arc<Metrics>,
+    stopped: impl Fn() -> F,
+) -> std::io::Result<SocketAddr>
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let probes = Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz));
+    let Some(secure) = secure else {
+        let app = probes
+            .route("/metrics", get(metrics))
+            .with_state(metrics_state);
+        return serve_plain(addr, app, stopped()).await;
+    };
+    serve_plain(
+        secure.health_addr,
+        probes.with_state(metrics_state.clone()),
+        stopped(),
+    )
+    .await?;
+    let app = Router::new()
+        .route("/metrics", get(metrics))
+        .with_state(metrics_state)
+        .layer(axum::middleware::from_fn_with_state(
+            secure.reviewer,
+            super::secure::authorize,
+        ));
+    super::secure::serve_tls(addr, secure.tls, app, stopped()).await
+}
+
+/// Serves `app` over plain HTTP on `addr` until `shutdown` resolves.
+async fn serve_plain(
+    addr: SocketAddr,
+    app: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<SocketAddr> {
-    let app = Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .with_state(metrics_state);
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     tokio::spawn(async move {
@@ -490,13 +939,91 @@ mod tests {
     fn a_long_reconciliation_makes_the_operator_unhealthy_until_it_ends() {
         let m = Arc::new(Metrics::default());
         assert_eq!(m.unhealthy(), None);
-        let running = m.running();
+        let running = m.running("services.hanzo.ai");
         m.health().running.insert(
             running.id,
-            Instant::now() - RECONCILE_STUCK - Duration::from_secs(1),
+            (
+                "services.hanzo.ai".to_owned(),
+                Instant::now() - RECONCILE_STUCK - Duration::from_secs(1),
+            ),
         );
         assert!(m.unhealthy().is_some_and(|w| w.contains("stuck")));
         drop(running);
         assert_eq!(m.unhealthy(), None);
+    }
+
+    #[test]
+    fn the_work_queues_count_what_waits_and_for_how_long() {
+        let m = Arc::new(Metrics::default());
+        let c = "services.hanzo.ai";
+        m.queued(c, "app/web");
+        m.queued(c, "app/web");
+        m.queued(c, "app/api");
+        m.queued("kvs.hanzo.ai", "app/kv");
+        let text = m.encode();
+        // The second change of app/web, before it was reconciled, adds nothing.
+        assert!(
+            text.contains("workqueue_adds_total{name=\"services.hanzo.ai\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("workqueue_depth{name=\"services.hanzo.ai\"} 2"),
+            "{text}"
+        );
+        m.dequeued(c, "app/web");
+        m.forgotten(c, "app/api");
+        // A timed requeue: counted as asked when it runs.
+        m.dequeued(c, "app/db");
+        let running = m.running(c);
+        let text = m.encode();
+        assert!(
+            text.contains("workqueue_depth{name=\"services.hanzo.ai\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("workqueue_depth{name=\"kvs.hanzo.ai\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("workqueue_adds_total{name=\"services.hanzo.ai\"} 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("workqueue_queue_duration_seconds_count{name=\"services.hanzo.ai\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "workqueue_longest_running_processor_seconds{name=\"services.hanzo.ai\"}"
+            ),
+            "{text}"
+        );
+        drop(running);
+        let text = m.encode();
+        assert!(
+            !text.contains("workqueue_longest_running_processor_seconds{"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn the_series_people_look_for_are_there() {
+        let m = Metrics::default();
+        m.set_leader("wasm-operator", true);
+        let text = m.encode();
+        for series in [
+            "leader_election_master_status{name=\"wasm-operator\"} 1",
+            &format!(
+                "wasm_operator_build_info{{version=\"{}\",contract=\"{}\"}} 1",
+                env!("CARGO_PKG_VERSION"),
+                env!("CONTRACT_VERSION")
+            ),
+            "process_cpu_seconds_total",
+            "process_resident_memory_bytes",
+            "process_open_fds",
+            "process_start_time_seconds",
+        ] {
+            assert!(text.contains(series), "no {series} in:\n{text}");
+        }
     }
 }

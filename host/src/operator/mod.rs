@@ -23,9 +23,11 @@ mod live;
 pub mod metrics;
 pub mod offline;
 pub mod plugins;
+mod process;
 mod reconcile;
 mod report;
 mod run;
+pub mod secure;
 mod shared;
 mod status;
 mod watches;
@@ -97,8 +99,14 @@ pub enum Error {
 pub struct Settings {
     /// Watch only these namespaces; empty watches every namespace.
     pub namespaces: Vec<String>,
-    /// Where `/healthz`, `/readyz` and `/metrics` are served.
+    /// Where `/metrics` is served (and, without `metrics_tls`, `/healthz` and `/readyz`).
     pub metrics_addr: SocketAddr,
+    /// Serve `/metrics` over HTTPS with this certificate, to requests whose bearer token the
+    /// API server says may `get /metrics`; the probes are then served on `health_addr`. None:
+    /// everything plain HTTP on `metrics_addr`.
+    pub metrics_tls: Option<std::sync::Arc<rustls::ServerConfig>>,
+    /// Where `/healthz` and `/readyz` are served when `/metrics` is secure.
+    pub health_addr: SocketAddr,
     /// Elect a leader on a Lease (for more than one replica).
     pub leader_election: bool,
     /// The Lease's namespace.

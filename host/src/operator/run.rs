@@ -12,6 +12,9 @@ pub async fn run(
 ) -> Result<(), Error> {
     let metrics = Arc::new(Metrics::default());
     metrics.set_limits(settings.unready_after, settings.stuck_after);
+    for plugin in registry.plugins() {
+        metrics.plugin_served(plugin, plugin.source(), true);
+    }
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;
@@ -26,15 +29,28 @@ pub async fn run(
             }
         }
     };
-    let addr = metrics::serve(settings.metrics_addr, metrics.clone(), stopped())
+    let secure = settings.metrics_tls.as_ref().map(|tls| metrics::Secure {
+        tls: tls.clone(),
+        reviewer: super::secure::Reviewer::new(client.clone()),
+        health_addr: settings.health_addr,
+    });
+    let addr = metrics::serve(settings.metrics_addr, secure, metrics.clone(), &stopped)
         .await
         .map_err(|source| Error::Serve {
             addr: settings.metrics_addr,
             source,
         })?;
-    tracing::info!(%addr, "serving /healthz, /readyz and /metrics");
+    if settings.metrics_tls.is_some() {
+        tracing::info!(%addr, health = %settings.health_addr, "serving /metrics over HTTPS to those RBAC allows, /healthz and /readyz on the health address");
+    } else {
+        tracing::info!(%addr, "serving /healthz, /readyz and /metrics");
+    }
 
-    // Leader election: only the leader reconciles; the others wait.
+    // Leader election: only the leader reconciles; the others wait. Without it, this replica
+    // leads from the start (the series says so, for the alert that no replica leads).
+    if !settings.leader_election {
+        metrics.set_leader(&settings.lease_name, true);
+    }
     let mut leadership = None;
     let mut fence = lease::Fence::open();
     let mut prefetched = BTreeMap::new();
@@ -48,6 +64,7 @@ pub async fn run(
         let mut is_leader = is_leader;
         fence = lease_fence;
         tracing::info!(identity = %settings.identity, lease = %settings.lease_name, "waiting to lead");
+        metrics.set_leader(&settings.lease_name, false);
         metrics.set_ready(true);
         // Meanwhile, the Plugins are made ready to serve.
         let standby = settings.plugin_resources.as_ref().map(|live| {
@@ -71,6 +88,7 @@ pub async fn run(
             return Ok(());
         }
         tracing::info!(identity = %settings.identity, "leading");
+        metrics.set_leader(&settings.lease_name, true);
         // Ready again once this replica's watches have listed (below).
         metrics.set_ready(false);
         leadership = Some((is_leader, handle));
@@ -96,11 +114,15 @@ pub async fn run(
     // Stop on shutdown, or when another replica takes the lease.
     let mut lost = leadership.as_ref().map(|(rx, _)| rx.clone());
     let mut stop = stop_rx.clone();
+    let (leader_metrics, lease_name) = (metrics.clone(), settings.lease_name.clone());
     let trigger = async move {
         match lost.as_mut() {
             Some(rx) => {
                 tokio::select! {
-                    _ = rx.wait_for(|l| !*l) => tracing::warn!("lost the lease; stopping"),
+                    _ = rx.wait_for(|l| !*l) => {
+                        leader_metrics.set_leader(&lease_name, false);
+                        tracing::warn!("lost the lease; stopping");
+                    }
                     _ = stop.wait_for(|s| *s) => {}
                 }
             }
@@ -211,6 +233,7 @@ pub async fn run(
         w.abort();
     }
     metrics.set_ready(false);
+    metrics.set_leader(&settings.lease_name, false);
     if let Some((rx, handle)) = leadership {
         let lost = !*rx.borrow();
         drop(rx);

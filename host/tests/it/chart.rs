@@ -83,6 +83,14 @@ pub(crate) fn template_with(values: Option<&std::path::Path>, sets: &[&str]) -> 
     helm_ok(&args)
 }
 
+/// The Deployment among `docs`.
+fn deployment(docs: &[Value]) -> Value {
+    docs.iter()
+        .find(|d| d["kind"] == "Deployment")
+        .expect("a Deployment")
+        .clone()
+}
+
 /// The CRDs among `docs`, by name, without the labels and annotations a chart adds.
 fn crds(docs: &[Value]) -> BTreeMap<String, Value> {
     docs.iter()
@@ -211,12 +219,6 @@ fn the_chart_installs_what_host_crds_and_host_rbac_print() {
 /// The values a platform team sets, each seen in what the chart renders.
 #[test]
 fn the_values_reach_what_the_chart_renders() {
-    let deployment = |docs: &[Value]| {
-        docs.iter()
-            .find(|d| d["kind"] == "Deployment")
-            .expect("a Deployment")
-            .clone()
-    };
     let digest = format!("sha256:{}", "a".repeat(64));
     let docs = documents(&template(&[
         "watchNamespaces={app,web}",
@@ -265,7 +267,7 @@ fn the_values_reach_what_the_chart_renders() {
     );
     for want in [
         "--require-digest",
-        "--namespace=app,web",
+        "--watch-namespace=app,web",
         "--plugin=/plugins/site.wasm",
         "--plugin-timeout=2s",
         "--leader-elect=false",
@@ -360,6 +362,13 @@ fn the_values_reach_what_the_chart_renders() {
         docs.iter()
             .filter(|d| d["kind"] == "RoleBinding" || d["kind"] == "ClusterRoleBinding")
             .filter(|d| d["roleRef"]["kind"] == "ClusterRole")
+            // The secure metrics' review rights are cluster-wide by nature (checked below).
+            .filter(|d| {
+                !d["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .ends_with("-metrics-auth")
+            })
             .map(|d| {
                 serde_json::json!([
                     d["kind"],
@@ -375,6 +384,28 @@ fn the_values_reach_what_the_chart_renders() {
     assert_eq!(bindings(&docs).len(), 2, "{:?}", bindings(&docs));
     assert_eq!(bindings(&docs), bindings(&host_rbac));
     assert!(bindings(&docs).iter().all(|b| b[0] == "RoleBinding"));
+    // The secure metrics' review rights: the same rules as `host rbac`, bound cluster-wide.
+    let auth = |docs: &[Value], kind: &str| {
+        docs.iter()
+            .find(|d| d["kind"] == kind && d["metadata"]["name"] == "wasm-operator-metrics-auth")
+            .cloned()
+            .unwrap_or_else(|| panic!("no {kind} wasm-operator-metrics-auth"))
+    };
+    assert_eq!(
+        auth(&docs, "ClusterRole")["rules"],
+        auth(&host_rbac, "ClusterRole")["rules"]
+    );
+    assert_eq!(
+        auth(&docs, "ClusterRoleBinding")["subjects"],
+        auth(&host_rbac, "ClusterRoleBinding")["subjects"]
+    );
+    let plain = documents(&template(&["metrics.secure=false"]));
+    assert!(
+        !plain
+            .iter()
+            .any(|d| d["metadata"]["name"] == "wasm-operator-metrics-auth"),
+        "no review rights without secure metrics"
+    );
     assert!(!args.contains(&"--plugin-resources"));
     // With Plugin resources too, what they need (cluster-wide by nature) is a ClusterRole of its
     // own, bound cluster-wide, as `host rbac` makes it.
@@ -540,7 +571,125 @@ fn the_memory_limit_is_the_base_and_room_for_the_calls_in_flight() {
     let out = helm(&["template", "x", CHART, "--set", "sandbox.memory=lots"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("\"lots\" is not a size"), "{err}");
+    // values.schema.json refuses it first, naming the value.
+    assert!(
+        err.contains("/sandbox/memory") && err.contains("'lots' does not match"),
+        "{err}"
+    );
+}
+
+/// The chart explains itself: a value it does not know, or of the wrong type, fails `helm lint`
+/// and `helm install` (values.schema.json); its README is what helm-docs writes from the values'
+/// comments; names and security contexts can be overridden; `helm test` asks /readyz with a
+/// command the host takes.
+#[test]
+fn the_chart_refuses_unknown_values_and_documents_the_known_ones() {
+    for (set, says) in [
+        ("replicass=2", "replicass"),
+        ("image.pullPolicy=Sometimes", "pullPolicy"),
+        ("sandbox.timeout=soon", "timeout"),
+        ("metrics.serviceMonitor.intervall=1m", "intervall"),
+        ("policy.podSecurity=strict", "podSecurity"),
+    ] {
+        for command in [
+            vec!["lint", "--strict", CHART, "--set", set],
+            vec!["template", "x", CHART, "--set", set],
+        ] {
+            let out = helm(&command);
+            let err = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(!out.status.success(), "helm {command:?} passed: {err}");
+            assert!(err.contains(says), "helm {command:?}: {err}");
+        }
+    }
+
+    // The README, as helm-docs writes it from values.yaml now.
+    let helm_docs = testenv::helm_docs().unwrap_or_else(|e| panic!("helm-docs: {e}"));
+    let out = Command::new(helm_docs)
+        .args([
+            "--chart-search-root",
+            "wasm-operator",
+            "--dry-run",
+            "--log-level",
+            "warning",
+        ])
+        .current_dir(root().join("charts"))
+        .output()
+        .expect("helm-docs runs");
+    assert!(out.status.success(), "{out:?}");
+    let written = String::from_utf8_lossy(&out.stdout);
+    let committed = std::fs::read_to_string(root().join(CHART).join("README.md")).unwrap();
+    assert!(
+        written.trim() == committed.trim(),
+        "charts/wasm-operator/README.md is stale: run scripts/generate"
+    );
+    // Every value is in it, with its comment.
+    for value in [
+        "| replicas |",
+        "| sandbox.callsInFlight |",
+        "| podSecurityContext |",
+        "| pluginSignatures.policy |",
+        "| metrics.secure |",
+    ] {
+        assert!(committed.contains(value), "{value} is not in the README");
+    }
+
+    // Names: fullnameOverride names everything; nameOverride the name label and the full name.
+    let named = deployment(&documents(&template(&["fullnameOverride=ops"])));
+    assert_eq!(named["metadata"]["name"], "ops");
+    let named = deployment(&documents(&template(&["nameOverride=reconciler"])));
+    assert_eq!(named["metadata"]["name"], "wasm-operator-reconciler");
+    assert_eq!(
+        named["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"],
+        "reconciler"
+    );
+
+    // Restricted by default; OpenShift drops the user and group, the rest stays.
+    let docs = documents(&template(&[]));
+    let pod = &deployment(&docs)["spec"]["template"]["spec"];
+    assert_eq!(pod["securityContext"]["runAsUser"], 65532);
+    assert_eq!(
+        pod["containers"][0]["securityContext"]["capabilities"]["drop"][0],
+        "ALL"
+    );
+    let docs = documents(&template(&[
+        "podSecurityContext.runAsUser=null",
+        "podSecurityContext.runAsGroup=null",
+    ]));
+    let context = &deployment(&docs)["spec"]["template"]["spec"]["securityContext"];
+    assert!(context.get("runAsUser").is_none() && context.get("runAsGroup").is_none());
+    assert_eq!(context["runAsNonRoot"], true);
+
+    // `helm test`: a pod of the operator's own image that asks /readyz through the Service.
+    let docs = documents(&template(&[]));
+    let test = docs
+        .iter()
+        .find(|d| d["metadata"]["annotations"]["helm.sh/hook"] == "test")
+        .expect("a helm test hook");
+    let args: Vec<&str> = test["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        args,
+        [
+            "probe",
+            "http://wasm-operator-metrics.wasm-operator.svc:8081/readyz"
+        ]
+    );
+    let service = docs
+        .iter()
+        .find(|d| d["kind"] == "Service")
+        .expect("the metrics Service");
+    assert_eq!(service["metadata"]["name"], "wasm-operator-metrics");
+    use clap::Parser;
+    host::cli::Cli::try_parse_from(std::iter::once("host").chain(args.iter().copied()))
+        .unwrap_or_else(|e| panic!("host does not take {args:?}: {e}"));
 }
 
 #[test]
@@ -551,8 +700,20 @@ fn deploy_is_the_chart_rendered() {
         .skip_while(|l| l.starts_with('#'))
         .map(|l| format!("{l}\n"))
         .collect();
+    // Without the `helm test` hook: kubectl would create it as a Pod of its own.
+    let rendered = helm_ok(&[
+        "template",
+        "wasm-operator",
+        CHART,
+        "--namespace",
+        "wasm-operator",
+        "--set",
+        "namespace.create=true",
+        "--skip-tests",
+    ]);
+    assert!(!rendered.contains("helm.sh/hook"), "{rendered}");
     assert!(
-        body == template(&["namespace.create=true"]),
+        body == rendered,
         "deploy/wasm-operator.yaml is stale: run scripts/generate"
     );
 }
@@ -599,30 +760,39 @@ fn install_upgrade_and_uninstall_on_a_restricted_namespace() {
         ],
     );
     // Everything the chart renders passes the API server's strict server-side dry run, the
-    // ServiceMonitor included (its CRD first).
-    let monitors = root().join("tests/crds/servicemonitors.monitoring.coreos.com.yaml");
-    kubectl_ok(
-        &cp,
-        &[
-            "apply",
-            "--server-side",
-            "-f",
-            &monitors.display().to_string(),
-        ],
-    );
-    kubectl_ok(
-        &cp,
-        &[
-            "wait",
-            "--for=condition=Established",
-            "crd/servicemonitors.monitoring.coreos.com",
-            "--timeout=60s",
-        ],
-    );
+    // ServiceMonitor and the PrometheusRule included (their CRDs first).
+    for crd in ["servicemonitors", "prometheusrules"] {
+        let file = root().join(format!("tests/crds/{crd}.monitoring.coreos.com.yaml"));
+        kubectl_ok(
+            &cp,
+            &["apply", "--server-side", "-f", &file.display().to_string()],
+        );
+        kubectl_ok(
+            &cp,
+            &[
+                "wait",
+                "--for=condition=Established",
+                &format!("crd/{crd}.monitoring.coreos.com"),
+                "--timeout=60s",
+            ],
+        );
+    }
     // The namespace the second variant watches: its RoleBinding goes there.
     kubectl_ok(&cp, &["create", "namespace", "watched"]);
     for sets in [
-        &["metrics.serviceMonitor.enabled=true"][..],
+        &[
+            "metrics.serviceMonitor.enabled=true",
+            "metrics.prometheusRule.enabled=true",
+            "metrics.dashboard.enabled=true",
+        ][..],
+        &[
+            "metrics.serviceMonitor.enabled=true",
+            "metrics.certSecret=metrics-tls",
+        ][..],
+        &[
+            "metrics.secure=false",
+            "metrics.serviceMonitor.enabled=true",
+        ][..],
         &[
             "watchNamespaces={watched}",
             "plugins.files={/plugins/site.wasm,oci://registry.example.com/site@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef}",
@@ -658,7 +828,7 @@ fn install_upgrade_and_uninstall_on_a_restricted_namespace() {
 
     // Install: the CRDs are Established and the operator's pods are admitted under `restricted`,
     // scheduled and (kwok) running.
-    helm_ok(&[
+    let notes = helm_ok(&[
         "install",
         "wasm-operator",
         CHART,
@@ -670,6 +840,15 @@ fn install_upgrade_and_uninstall_on_a_restricted_namespace() {
         "--timeout",
         "3m",
     ]);
+    // NOTES.txt: what was installed and how to see it working.
+    for says in [
+        "as deployment/wasm-operator",
+        "2 replica(s), one leading",
+        &format!("kubectl -n {ns} rollout status deployment/wasm-operator"),
+        &format!("helm test wasm-operator -n {ns}"),
+    ] {
+        assert!(notes.contains(says), "no {says:?} in the notes: {notes}");
+    }
     kubectl_ok(
         &cp,
         &[

@@ -368,3 +368,147 @@ fn render_with_observed_children_prints_the_status_the_operator_would_write() {
         "{stderr}"
     );
 }
+
+/// As [`host`], with `HOME` and `KUBECONFIG` pointing at `home` (no kubeconfig unless one is
+/// written there) and no in-cluster service account.
+fn host_at_home(home: &std::path::Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_host"))
+        .args(args)
+        .current_dir(root())
+        .env("HOME", home)
+        .env("KUBECONFIG", home.join(".kube/config"))
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .env(
+            "WASM_OPERATOR_CACHE",
+            std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
+        )
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .output()
+        .expect("host runs")
+}
+
+/// kubectl's manners: `--kubeconfig` and `--context` where a cluster is talked to, exit 2 and
+/// a message in the user's terms whenever a command cannot run, `-n` never the watched
+/// namespaces, completions.
+#[test]
+fn a_command_that_cannot_reach_a_cluster_says_why_and_exits_2() {
+    let home = tempfile::tempdir().unwrap();
+    let exits_2 = |args: &[&str], says: &str| {
+        let out = host_at_home(home.path(), args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "host {args:?}: {stderr}");
+        assert!(stderr.contains(says), "host {args:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "host {args:?}: output on a failure");
+    };
+    // No kubeconfig anywhere, and not in a cluster.
+    exits_2(&["run"], "no usable kubeconfig");
+    exits_2(&["diff", "examples/service.yaml"], "no usable kubeconfig");
+    // A kubeconfig that is not there, a context it does not have.
+    exits_2(
+        &[
+            "diff",
+            "--kubeconfig",
+            "/nonexistent/config",
+            "examples/service.yaml",
+        ],
+        "/nonexistent/config",
+    );
+    // A cluster that does not answer: said with its address.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let kubeconfig = home.path().join("k.yaml");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: 'https://127.0.0.1:{port}', insecure-skip-tls-verify: true}}\nusers:\n- name: u\n  user: {{token: t}}\ncontexts:\n- name: here\n  context: {{cluster: c, user: u}}\ncurrent-context: here\n"
+        ),
+    )
+    .unwrap();
+    let kubeconfig = kubeconfig.display().to_string();
+    exits_2(
+        &[
+            "diff",
+            "--kubeconfig",
+            &kubeconfig,
+            "--context",
+            "elsewhere",
+            "examples/service.yaml",
+        ],
+        "elsewhere",
+    );
+    exits_2(
+        &["diff", "--kubeconfig", &kubeconfig, "examples/service.yaml"],
+        &format!("cannot reach the cluster at https://127.0.0.1:{port}"),
+    );
+    exits_2(
+        &[
+            "run",
+            "--kubeconfig",
+            &kubeconfig,
+            "--context",
+            "here",
+            "--leader-elect=false",
+        ],
+        &format!("cannot reach the cluster at https://127.0.0.1:{port}"),
+    );
+    // -n is never the namespaces to watch.
+    exits_2(&["run", "-n", "app"], "--watch-namespace app");
+    // A probe that gets no answer.
+    exits_2(
+        &[
+            "probe",
+            "--timeout",
+            "2s",
+            &format!("http://127.0.0.1:{port}/readyz"),
+        ],
+        "no answer",
+    );
+}
+
+#[test]
+fn every_problem_of_a_spec_is_said_at_once() {
+    let out = host(
+        &["render", "-"],
+        Some(
+            "apiVersion: hanzo.ai/v1\nkind: Service\nmetadata: {name: web, namespace: ns}\nspec:\n  image: {pullPolicy: Sometimes}\n  replicas: many\n  replica: 1\n",
+        ),
+    );
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    for field in [
+        "spec.image.repository: is required",
+        "spec.image.pullPolicy",
+        "spec.replicas: must be an integer",
+        "spec.replica: unknown field",
+    ] {
+        assert!(stderr.contains(field), "{field} not in: {stderr}");
+    }
+}
+
+#[test]
+fn completions_are_printed_for_each_shell() {
+    for (shell, marker) in [
+        ("bash", "complete -F"),
+        ("zsh", "#compdef host"),
+        ("fish", "complete -c host"),
+    ] {
+        let out = host(&["completion", shell], None);
+        assert!(out.status.success(), "{shell}: {}", text(&out.stderr));
+        let script = text(&out.stdout);
+        assert!(script.contains(marker), "{shell}: {script}");
+        // Subcommands and their own flags are offered.
+        for word in [
+            "watch-namespace",
+            "kubeconfig",
+            "plugin-signatures",
+            "observed",
+        ] {
+            assert!(script.contains(word), "{shell}: no {word}");
+        }
+    }
+}

@@ -185,11 +185,18 @@ async fn a_namespace_flooding_the_operator_neither_takes_it_down_nor_holds_up_an
         .unwrap();
     let args: Vec<String> = chart_args
         .into_iter()
-        .filter(|a| !a.starts_with("--metrics-addr") && !a.starts_with("--log-format"))
+        .filter(|a| {
+            !a.starts_with("--metrics-addr")
+                && !a.starts_with("--metrics-secure")
+                && !a.starts_with("--health-probe-addr")
+                && !a.starts_with("--log-format")
+        })
         .chain([
+            // Scraped here over plain HTTP (the secure metrics are the image test's).
+            "--metrics-secure=false".into(),
             format!("--metrics-addr={metrics}"),
             format!("--lease-namespace={home}"),
-            format!("--namespace={flood},{quiet}"),
+            format!("--watch-namespace={flood},{quiet}"),
             format!("--plugin={}", test_guests::HOSTILE),
             "--identity=flood".into(),
         ])

@@ -155,8 +155,35 @@ async fn the_image_runs_as_the_in_cluster_operator() {
     let _logs = cp.logs_on_failure();
     let admin = cp.client().await.unwrap();
 
-    // The chart, rendered for this image and a free metrics port, installed as plain manifests.
+    // The chart, rendered for this image and free metrics and health ports, installed as plain
+    // manifests; the metrics server's certificate from a CA of the test's (metrics.certSecret).
     let port = testenv::free_port().unwrap();
+    let health_port = testenv::free_port().unwrap();
+    let metrics_tls = tempfile::tempdir().unwrap();
+    let ca_file = metrics_tls.path().join("ca.pem");
+    {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = ca_params.self_signed(&ca_key).unwrap();
+        let issuer = rcgen::Issuer::new(ca_params, ca_key);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let leaf =
+            rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+                .unwrap()
+                .signed_by(&key, &issuer)
+                .unwrap();
+        std::fs::write(&ca_file, ca.pem()).unwrap();
+        std::fs::write(metrics_tls.path().join("tls.crt"), leaf.pem()).unwrap();
+        std::fs::write(metrics_tls.path().join("tls.key"), key.serialize_pem()).unwrap();
+        for f in ["tls.crt", "tls.key", "ca.pem"] {
+            std::fs::set_permissions(
+                metrics_tls.path().join(f),
+                std::fs::Permissions::from_mode(0o644),
+            )
+            .unwrap();
+        }
+    }
     let (repository, tag) = image.rsplit_once(':').expect("image:tag");
     // With Plugin resources, and what docs/plugins.md says a plugin loaded that way needs:
     // the ClusterRole rules `host rbac --no-builtins --plugin FILE` prints, in
@@ -188,6 +215,8 @@ async fn the_image_runs_as_the_in_cluster_operator() {
             &format!("image.repository={repository}"),
             &format!("image.tag={tag}"),
             &format!("metrics.port={port}"),
+            &format!("metrics.healthPort={health_port}"),
+            "metrics.certSecret=metrics-tls",
             "pluginResources.enabled=true",
         ],
     );
@@ -262,6 +291,11 @@ async fn the_image_runs_as_the_in_cluster_operator() {
         "/var/cache/wasm-operator:rw,mode=1777",
         "--volume",
         &format!(
+            "{}:/etc/wasm-operator/metrics-tls:ro",
+            metrics_tls.path().display()
+        ),
+        "--volume",
+        &format!(
             "{}:/var/run/secrets/kubernetes.io/serviceaccount:ro",
             secrets.path().display()
         ),
@@ -301,17 +335,109 @@ async fn the_image_runs_as_the_in_cluster_operator() {
     let ns = cp.namespace(&admin, "app").await.unwrap();
     apply(&cp, &ns, WEB);
     wait_ready(&cp, &ns, "services.hanzo.ai/web");
-    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    let metrics = http_get(addr, "/metrics");
-    assert!(metrics.starts_with("HTTP/1.0 200"), "{metrics}");
-    assert!(
-        metrics.contains("controller_runtime_reconcile_total"),
-        "{metrics}"
-    );
+    let health = std::net::SocketAddr::from(([127, 0, 0, 1], health_port));
     eventually("/readyz answers 200", Duration::from_secs(30), || {
-        http_get(addr, "/readyz").starts_with("HTTP/1.0 200")
+        http_get(health, "/readyz").starts_with("HTTP/1.0 200")
     })
     .await;
+    // /metrics: HTTPS, and only to a token the API server says may get it.
+    let scrape = |token: Option<&str>| {
+        let dir = tempfile::tempdir().unwrap();
+        let mut args = vec![
+            "probe".to_owned(),
+            "--ca-file".to_owned(),
+            ca_file.display().to_string(),
+        ];
+        if let Some(token) = token {
+            std::fs::write(dir.path().join("token"), token).unwrap();
+            args.extend([
+                "--bearer-token-file".to_owned(),
+                dir.path().join("token").display().to_string(),
+            ]);
+        }
+        args.push(format!("https://127.0.0.1:{port}/metrics"));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        crate::support::host_in(metrics_tls.path(), &args)
+    };
+    let anonymous = scrape(None);
+    assert_eq!(anonymous.status.code(), Some(1), "{anonymous:?}");
+    assert!(
+        String::from_utf8_lossy(&anonymous.stderr).contains("401"),
+        "{anonymous:?}"
+    );
+    kubectl_ok(&cp, &["create", "serviceaccount", "prometheus", "-n", &ns]);
+    let prometheus = cp
+        .service_account_token(&admin, &ns, "prometheus")
+        .await
+        .unwrap();
+    let unbound = scrape(Some(&prometheus));
+    assert_eq!(unbound.status.code(), Some(1), "{unbound:?}");
+    assert!(
+        String::from_utf8_lossy(&unbound.stderr).contains("403")
+            && String::from_utf8_lossy(&unbound.stderr).contains("may not get /metrics"),
+        "{unbound:?}"
+    );
+    kubectl_ok(
+        &cp,
+        &[
+            "create",
+            "clusterrolebinding",
+            "prometheus-metrics",
+            "--clusterrole=wasm-operator-metrics-reader",
+            &format!("--serviceaccount={ns}:prometheus"),
+        ],
+    );
+    // An answer is remembered for a minute by token: each try has a new token of the same
+    // account, asked anew, until the API server's authorizer has the binding.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let scraped = loop {
+        let prometheus = cp
+            .service_account_token(&admin, &ns, "prometheus")
+            .await
+            .unwrap();
+        let scraped = scrape(Some(&prometheus));
+        if scraped.status.success() || Instant::now() > deadline {
+            break scraped;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let metrics = String::from_utf8_lossy(&scraped.stdout).into_owned();
+    assert!(scraped.status.success(), "{scraped:?}");
+    assert!(
+        metrics.contains("controller_runtime_reconcile_total")
+            && metrics.contains("leader_election_master_status"),
+        "{metrics}"
+    );
+    // `helm test`'s pod: the same image, asking /readyz with `host probe` as the chart's test
+    // hook does (here through the host's network rather than the Service).
+    let probe = |path: &str| {
+        podman(&[
+            "run",
+            "--rm",
+            "--pull=never",
+            "--runtime",
+            "runc",
+            "--ulimit",
+            "nofile=1024:1024",
+            "--ulimit",
+            "nproc=1024:1024",
+            "--network",
+            "host",
+            "--user",
+            "65532:65532",
+            &image,
+            "probe",
+            &format!("http://127.0.0.1:{health_port}{path}"),
+        ])
+    };
+    let ready = probe("/readyz");
+    assert!(ready.status.success(), "{ready:?}");
+    assert!(
+        String::from_utf8_lossy(&ready.stdout).starts_with("200 OK"),
+        "{ready:?}"
+    );
+    let missing = probe("/no-such-path");
+    assert_eq!(missing.status.code(), Some(1), "{missing:?}");
 
     // A plugin pushed to a registry, named by a Plugin: loaded by the running operator, its
     // CRD installed, its Kind reconciled to Ready.

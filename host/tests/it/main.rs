@@ -11,6 +11,7 @@ mod flood;
 mod image;
 mod judge;
 mod migration;
+mod monitoring;
 mod oci;
 mod operator;
 mod plugins;

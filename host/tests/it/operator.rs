@@ -605,6 +605,8 @@ async fn watching_some_namespaces_it_needs_and_touches_those_alone() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_host"))
         .args(["rbac", "--namespace", &home, "--name", &home])
         .args(["--watch-namespace", &format!("{a},{b}")])
+        // This operator serves its metrics plain (in-process): no review rights either.
+        .args(["--metrics-secure=false"])
         .env(
             "WASM_OPERATOR_CACHE",
             PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
@@ -1383,6 +1385,8 @@ async fn healthz_and_readyz_follow_a_partition() {
     let settings = host::operator::Settings {
         namespaces: vec![ns.clone()],
         metrics_addr: free_addr(),
+        metrics_tls: None,
+        health_addr: free_addr(),
         leader_election: false,
         lease_namespace: ns.clone(),
         lease_name: "wasm-operator".to_owned(),

@@ -339,7 +339,7 @@ fn resource_render(checker: &Checker, resource: &Resource) -> Result<Option<bool
                 "must be an object,",
             ]
             .iter()
-            .any(|m| e.message.contains(m));
+            .any(|m| e.0.iter().any(|p| p.message.contains(m)));
             if structural && checker.spec_conforms(resource) {
                 return Err(Failure::new(
                     "false-refusal",
@@ -349,8 +349,10 @@ fn resource_render(checker: &Checker, resource: &Resource) -> Result<Option<bool
                     ),
                 ));
             }
-            field_ok(&e.field, &["spec"])
-                .and_then(|()| message_ok(&e.message))
+            e.0.iter()
+                .try_for_each(|p| {
+                    field_ok(&p.field, &["spec"]).and_then(|()| message_ok(&p.message))
+                })
                 .map_err(|why| {
                     Failure::new(
                         "unnamed-field",

@@ -170,6 +170,18 @@ pub fn helm() -> Result<PathBuf> {
     built("HELM", "scripts/helm")
 }
 
+/// The `helm-docs` binary: `$HELM_DOCS`, else what `scripts/helm-docs` prints (it builds it from
+/// the Go module proxy the first time, and caches it).
+pub fn helm_docs() -> Result<PathBuf> {
+    built("HELM_DOCS", "scripts/helm-docs")
+}
+
+/// The `promtool` binary: `$PROMTOOL`, else what `scripts/promtool` prints (it builds it from the
+/// Go module proxy the first time, and caches it).
+pub fn promtool() -> Result<PathBuf> {
+    built("PROMTOOL", "scripts/promtool")
+}
+
 /// The JavaScript example plugin (`examples/plugins/static-site`), built with componentize-js:
 /// `$STATIC_SITE_WASM`, else what `scripts/js-plugin` prints (it builds it the first time, and
 /// caches it).

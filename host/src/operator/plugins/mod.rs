@@ -522,6 +522,13 @@ impl Loader {
                 }
             }
         }
+        let source = format!("Plugin/{name}");
+        if let Some(previous) = self.loaded.get(name) {
+            self.shared
+                .metrics
+                .plugin_served(&previous.plugin, &source, false);
+        }
+        self.shared.metrics.plugin_served(&plugin, &source, true);
         self.loaded.insert(
             name.to_owned(),
             Loaded {
@@ -581,9 +588,19 @@ impl Loader {
     fn remove(&mut self, name: &str) {
         self.book.forget(name);
         self.prefetched.remove(name);
+        self.shared
+            .metrics
+            .plugin_ready
+            .remove(&crate::operator::metrics::PluginLabels {
+                plugin: name.to_owned(),
+            });
         let Some(gone) = self.loaded.remove(name) else {
             return;
         };
+        self.shared
+            .metrics
+            .plugin_served(&gone.plugin, &format!("Plugin/{name}"), false);
+
         // A Plugin refused for claiming one of its Kinds may be served now.
         for other in self.book.retry_refused() {
             self.retry_later(&other, Duration::ZERO);

@@ -42,6 +42,13 @@ impl Loader {
                 ),
             ],
         };
+        self.shared
+            .metrics
+            .plugin_ready
+            .get_or_create(&crate::operator::metrics::PluginLabels {
+                plugin: o.name_any(),
+            })
+            .set(i64::from(refusal.is_none()));
         fields["observedGeneration"] = generation.into();
         fields["conditions"] = json!(conditions);
         // Nothing to write when nothing changed (our own write comes back through the watch).

@@ -24,7 +24,9 @@ use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 
 use super::children::{Applied, ChildId, applied_key, controller_uid, kind_key};
-use super::metrics::{ControllerLabels, FailureLabels, Metrics, PluginLabels, ResultLabels};
+use super::metrics::{
+    ControllerLabels, FailureLabels, Metrics, NameLabels, PluginLabels, ResultLabels,
+};
 use super::report::{self, Key};
 use super::status::{self, Child, Outcome, Problem, Skipped};
 use super::{KindCtx, LiveChild, Shared, Unserved, backoff, gvk_key, lock, read};
@@ -109,6 +111,7 @@ pub(crate) async fn reconcile(
         _ = stopping.wait_for(|s| *s) => return Ok(Action::await_change()),
     }
     let metrics = &ctx.shared.metrics;
+    metrics.dequeued(&ctx.controller, &queue_key(&obj));
     let result = {
         let _measure = Measure::start(metrics, &ctx.controller);
         reconcile_inner(&obj, &ctx).await
@@ -148,6 +151,15 @@ pub(crate) async fn reconcile(
     result
 }
 
+/// How the work-queue metrics name a resource: `namespace/name`.
+pub(crate) fn queue_key(obj: &DynamicObject) -> String {
+    format!(
+        "{}/{}",
+        obj.metadata.namespace.as_deref().unwrap_or_default(),
+        obj.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
 /// Times a reconciliation and counts it as active until dropped, so that no early return can
 /// leave the gauge up; `/healthz` also sees it as running.
 struct Measure<'a> {
@@ -167,16 +179,23 @@ impl<'a> Measure<'a> {
             metrics,
             labels,
             started: Instant::now(),
-            _running: metrics.running(),
+            _running: metrics.running(controller),
         }
     }
 }
 
 impl Drop for Measure<'_> {
     fn drop(&mut self) {
+        let took = self.started.elapsed();
         Metrics::observe(
             &self.metrics.reconcile_time.get_or_create(&self.labels),
-            self.started.elapsed(),
+            took,
+        );
+        Metrics::observe(
+            &self.metrics.work_duration.get_or_create(&NameLabels {
+                name: self.labels.controller.clone(),
+            }),
+            took,
         );
         self.metrics
             .active_workers
@@ -191,6 +210,13 @@ pub(crate) fn error_policy(
     _e: &ReconcileError,
     ctx: Arc<KindCtx>,
 ) -> Action {
+    ctx.shared
+        .metrics
+        .queue_retries
+        .get_or_create(&NameLabels {
+            name: ctx.controller.clone(),
+        })
+        .inc();
     let mut failures = lock(&ctx.shared.failures);
     let n = failures.entry(report_key(&ctx, &obj)).or_insert(0);
     *n += 1;

@@ -380,6 +380,8 @@ pub(crate) fn settings(
     host::operator::Settings {
         namespaces,
         metrics_addr: free_addr(),
+        metrics_tls: None,
+        health_addr: free_addr(),
         leader_election: true,
         lease_namespace: lease_namespace.to_owned(),
         lease_name: "wasm-operator".to_owned(),
