@@ -326,12 +326,12 @@ fn interpreted() -> Vec<(&'static str, testenv::Result<PathBuf>, &'static str)> 
         (
             "static-site (JavaScript)",
             testenv::static_site_plugin(),
-            "examples/plugins/static-site/site.yaml",
+            "examples/plugins/static-site/example.yaml",
         ),
         (
             "redirect (Python)",
             testenv::redirect_plugin(),
-            "examples/plugins/redirect/redirect.yaml",
+            "examples/plugins/redirect/example.yaml",
         ),
     ]
 }

@@ -136,7 +136,7 @@ fn the_javascript_plugin_passes_with_its_example() {
     let wasm = testenv::static_site_plugin().expect("scripts/js-plugin builds it");
     let (code, report) = check_json(&[
         &wasm.display().to_string(),
-        "examples/plugins/static-site/site.yaml",
+        "examples/plugins/static-site/example.yaml",
     ]);
     assert_eq!(code, 0, "{report:#}");
     assert_eq!(

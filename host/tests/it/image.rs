@@ -447,7 +447,7 @@ async fn the_image_runs_as_the_in_cluster_operator() {
     apply_cluster(&cp, &crate::plugins::plugin("static-site", &image_ref));
     wait_for(&cp, "Ready", "plugins.wasm-operator.dev/static-site");
     let site = std::fs::read_to_string(
-        crate::support::root().join("examples/plugins/static-site/site.yaml"),
+        crate::support::root().join("examples/plugins/static-site/example.yaml"),
     )
     .unwrap();
     apply(&cp, &ns, &site);

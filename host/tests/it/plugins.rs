@@ -447,7 +447,7 @@ async fn a_javascript_plugin_is_pushed_loaded_by_a_plugin_resource_and_reconcile
     let admin = cp.client().await.unwrap();
     let ns = cp.namespace(&admin, "site").await.unwrap();
     let site = std::fs::read_to_string(
-        crate::support::root().join("examples/plugins/static-site/site.yaml"),
+        crate::support::root().join("examples/plugins/static-site/example.yaml"),
     )
     .unwrap();
     apply(&cp, &ns, &site);
@@ -509,7 +509,7 @@ async fn a_python_plugin_is_pushed_loaded_by_a_plugin_resource_and_reconciled() 
     let admin = cp.client().await.unwrap();
     let ns = cp.namespace(&admin, "redirect").await.unwrap();
     let example = std::fs::read_to_string(
-        crate::support::root().join("examples/plugins/redirect/redirect.yaml"),
+        crate::support::root().join("examples/plugins/redirect/example.yaml"),
     )
     .unwrap();
     apply(&cp, &ns, &example);

@@ -79,6 +79,61 @@ fn a_python_plugin_is_scaffolded_and_builds() {
     scaffold_and_build(dir.path(), "hello-py", "python", &[]);
 }
 
+/// The example plugins have the layout `host new` writes, and build, check and test by their
+/// own `./build.sh` once copied out of the checkout (what is in .gitignore left behind).
+#[test]
+fn the_example_plugins_have_the_scaffolds_layout_and_build_once_copied() {
+    let scaffolded: Vec<String> = host::scaffold::files(
+        "x",
+        host::scaffold::Lang::Python,
+        &host::scaffold::Kit::Git(host::scaffold::KIT_GIT.into()),
+    )
+    .unwrap()
+    .into_iter()
+    .map(|f| f.path.to_owned())
+    .filter(|p| !p.starts_with("src/"))
+    .collect();
+    for (example, artifact) in [
+        ("static-site", "static-site.wasm"),
+        ("redirect", "redirect.wasm"),
+    ] {
+        let from = root().join("examples/plugins").join(example);
+        for file in &scaffolded {
+            assert!(from.join(file).is_file(), "{example}: no {file}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let to = dir.path().join(example);
+        for entry in std::fs::read_dir(&from).unwrap() {
+            let entry = entry.unwrap();
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if ["node_modules", ".venv", "__pycache__", artifact].contains(&name.as_ref()) {
+                continue;
+            }
+            copy(&entry.path(), &to.join(&*name));
+        }
+        let out = Command::new(to.join("build.sh"))
+            .current_dir(&to)
+            .env("HOST", env!("CARGO_BIN_EXE_host"))
+            .env("WASM_OPERATOR_CACHE", dir.path().join("cache"))
+            .output()
+            .expect("build.sh runs");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success(),
+            "{example}: ./build.sh failed:\n{text}"
+        );
+        assert!(
+            text.contains(&format!("push {artifact} REGISTRY/plugins/{example}:0.1.0")),
+            "{example}: says how to push:\n{text}"
+        );
+    }
+}
+
 /// The contract is the same everywhere it is copied: guest-kit's, the examples', and what
 /// `host new` writes (`scripts/generate` copies it).
 #[test]
