@@ -880,7 +880,13 @@ where
         probes.with_state(metrics_state.clone()),
         stopped(),
     )
-    .await?;
+    .await
+    .map_err(|e| {
+        std::io::Error::new(
+            e.kind(),
+            format!("the health probe address {}: {e}", secure.health_addr),
+        )
+    })?;
     let app = Router::new()
         .route("/metrics", get(metrics))
         .with_state(metrics_state)

@@ -242,6 +242,8 @@ pub async fn authorize(State(reviewer): State<Reviewer>, request: Request, next:
 
 /// Serves `app` over TLS on `addr` until `shutdown` resolves: each connection on its own task,
 /// with a deadline for its handshake and request head, so that no client holds up the others.
+/// On shutdown, the connections open finish the request in flight (for at most the handshake
+/// deadline) and close.
 pub async fn serve_tls(
     addr: SocketAddr,
     tls: Arc<rustls::ServerConfig>,
@@ -252,11 +254,15 @@ pub async fn serve_tls(
     let bound = listener.local_addr()?;
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     let room = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS));
+    let (closing, closed) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         tokio::pin!(shutdown);
         loop {
             let (tcp, _) = tokio::select! {
-                () = &mut shutdown => return,
+                () = &mut shutdown => {
+                    let _ = closing.send(true);
+                    return;
+                }
                 accepted = listener.accept() => match accepted {
                     Ok(a) => a,
                     Err(e) => {
@@ -269,7 +275,7 @@ pub async fn serve_tls(
             let Ok(slot) = room.clone().try_acquire_owned() else {
                 continue;
             };
-            let (acceptor, app) = (acceptor.clone(), app.clone());
+            let (acceptor, app, mut closed) = (acceptor.clone(), app.clone(), closed.clone());
             tokio::spawn(async move {
                 let _slot = slot;
                 let Ok(Ok(stream)) = tokio::time::timeout(HANDSHAKE, acceptor.accept(tcp)).await
@@ -277,11 +283,19 @@ pub async fn serve_tls(
                     return;
                 };
                 let service = hyper_util::service::TowerToHyperService::new(app);
-                let _ = hyper::server::conn::http1::Builder::new()
+                let connection = hyper::server::conn::http1::Builder::new()
                     .timer(hyper_util::rt::TokioTimer::new())
                     .header_read_timeout(HANDSHAKE)
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                    .await;
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+                tokio::pin!(connection);
+                tokio::select! {
+                    _ = connection.as_mut() => {}
+                    // Only `true` is ever sent; a sender gone means the server stopped too.
+                    _ = closed.changed() => {
+                        connection.as_mut().graceful_shutdown();
+                        let _ = tokio::time::timeout(HANDSHAKE, connection).await;
+                    }
+                }
             });
         }
     });
