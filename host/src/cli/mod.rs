@@ -272,9 +272,10 @@ fn each_resource(
     Ok(())
 }
 
-/// Resolves on SIGTERM or Ctrl-C.
+/// Resolves on SIGTERM (a kubelet stopping the pod) or Ctrl-C; elsewhere than Unix, on Ctrl-C.
 async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
     match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(mut term) => {
             tokio::select! {
@@ -286,6 +287,8 @@ async fn shutdown_signal() {
             let _ = ctrl_c.await;
         }
     }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
     tracing::info!("shutting down: finishing reconciliations in flight");
 }
 

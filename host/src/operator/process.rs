@@ -33,6 +33,7 @@ struct Sample {
 
 /// The kernel's clock ticks per second in `/proc/<pid>/stat` (`USER_HZ`): 100 on every Linux
 /// architecture's user-space ABI.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 const USER_HZ: f64 = 100.0;
 
 impl Sample {
@@ -57,6 +58,7 @@ impl Sample {
 
     /// From the text of `/proc/self/stat`, `/proc/self/status`, `/proc/self/limits` and
     /// `/proc/stat`, and the number of open file descriptors.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
     fn parse(stat: &str, status: &str, limits: &str, system: &str, open_fds: usize) -> Self {
         // The command's name is in parentheses and may hold anything: fields follow the last ')'.
         let fields: Vec<&str> = stat
