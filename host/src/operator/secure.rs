@@ -301,3 +301,27 @@ pub async fn serve_tls(
     });
     Ok(bound)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_certificate_is_made_when_none_is_given_and_a_bad_one_is_named() {
+        assert!(tls_config(None, &["localhost".to_owned()]).is_ok());
+        let dir = tempfile::tempdir().unwrap();
+        let e = tls_config(Some(dir.path()), &[]).unwrap_err().to_string();
+        assert!(e.contains("tls.crt"), "{e}");
+        std::fs::write(dir.path().join("tls.crt"), "not a certificate").unwrap();
+        let e = tls_config(Some(dir.path()), &[]).unwrap_err().to_string();
+        assert!(e.contains("tls.crt") && e.contains("no certificate"), "{e}");
+        // A certificate and a key that is not its own.
+        let made = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+        let other = rcgen::KeyPair::generate().unwrap();
+        std::fs::write(dir.path().join("tls.crt"), made.cert.pem()).unwrap();
+        std::fs::write(dir.path().join("tls.key"), other.serialize_pem()).unwrap();
+        assert!(tls_config(Some(dir.path()), &[]).is_err());
+        std::fs::write(dir.path().join("tls.key"), made.signing_key.serialize_pem()).unwrap();
+        assert!(tls_config(Some(dir.path()), &[]).is_ok());
+    }
+}
