@@ -134,21 +134,29 @@ pub fn objects(registry: &Registry, target: &Target) -> Vec<Value> {
     }
     // Watching some namespaces only, the operator lists and writes in those alone; what is
     // cluster-wide by nature gets a ClusterRole of its own, bound cluster-wide.
+    // A ClusterRole of `rules` named `role`, bound cluster-wide to the ServiceAccount.
+    let cluster_wide = |role: String, rules: Value| {
+        [
+            json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRole",
+                "metadata": { "name": role },
+                "rules": rules,
+            }),
+            json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": { "name": role },
+                "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role },
+                "subjects": subject,
+            }),
+        ]
+    };
     if !cluster_rules.is_empty() {
-        let plugins = format!("{name}-plugins");
-        objects.push(json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRole",
-            "metadata": { "name": plugins },
-            "rules": cluster_rules,
-        }));
-        objects.push(json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": { "name": plugins },
-            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": plugins },
-            "subjects": subject,
-        }));
+        objects.extend(cluster_wide(
+            format!("{name}-plugins"),
+            json!(cluster_rules),
+        ));
     }
     for watched in watched {
         objects.push(json!({
@@ -162,23 +170,21 @@ pub fn objects(registry: &Registry, target: &Target) -> Vec<Value> {
     if target.metrics_secure {
         // TokenReviews and SubjectAccessReviews are cluster-scoped: a ClusterRole of their own,
         // bound cluster-wide, as the system:auth-delegator role grants them, and nothing more.
-        let auth = format!("{name}-metrics-auth");
-        objects.push(json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRole",
-            "metadata": { "name": auth },
-            "rules": [
-                rule("authentication.k8s.io", vec!["tokenreviews".to_owned()], &["create"]),
-                rule("authorization.k8s.io", vec!["subjectaccessreviews".to_owned()], &["create"]),
-            ],
-        }));
-        objects.push(json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": { "name": auth },
-            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": auth },
-            "subjects": subject,
-        }));
+        objects.extend(cluster_wide(
+            format!("{name}-metrics-auth"),
+            json!([
+                rule(
+                    "authentication.k8s.io",
+                    vec!["tokenreviews".to_owned()],
+                    &["create"]
+                ),
+                rule(
+                    "authorization.k8s.io",
+                    vec!["subjectaccessreviews".to_owned()],
+                    &["create"]
+                ),
+            ]),
+        ));
     }
     objects.extend([
         json!({

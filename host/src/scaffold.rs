@@ -166,17 +166,31 @@ fn own(lang: Lang) -> Vec<(&'static str, &'static str)> {
             template!("rust/rust-toolchain.toml"),
             template!("rust/src/lib.rs"),
             template!("rust/tests/render.rs"),
-            template!("rust/build.sh"),
         ],
         Lang::Javascript => vec![
             template!("javascript/package.json"),
             template!("javascript/package-lock.json"),
             template!("javascript/build.mjs"),
             template!("javascript/src/plugin.js"),
-            template!("javascript/build.sh"),
         ],
-        Lang::Python => vec![template!("python/src/app.py"), template!("python/build.sh")],
+        Lang::Python => vec![template!("python/src/app.py")],
     }
+}
+
+/// `./build.sh`: the same start and end in every language (check, the status test, how to
+/// push), around the language's own steps that leave `NAME.wasm`.
+fn build_script(lang: Lang) -> String {
+    let steps = match lang {
+        Lang::Rust => include_str!("../templates/rust/build-steps.sh"),
+        Lang::Javascript => include_str!("../templates/javascript/build-steps.sh"),
+        Lang::Python => include_str!("../templates/python/build-steps.sh"),
+    };
+    [
+        include_str!("../templates/common/build-head.sh"),
+        steps,
+        include_str!("../templates/common/build-tail.sh"),
+    ]
+    .concat()
 }
 
 /// Whether `name` can name a plugin: a DNS label of at most 40 characters starting with a
@@ -319,9 +333,14 @@ pub fn files(name: &str, lang: Lang, kit: &Kit) -> Result<Vec<File>, Error> {
         files.push(File {
             path,
             text: fill(text),
-            executable: path.ends_with(".sh"),
+            executable: false,
         });
     }
+    files.push(File {
+        path: "build.sh",
+        text: fill(&build_script(lang)),
+        executable: true,
+    });
     Ok(files)
 }
 

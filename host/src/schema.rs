@@ -27,12 +27,33 @@ pub struct SpecError {
 }
 
 /// Every way a spec does not fit its Kind's schema, in the order of its fields: all of them at
-/// once, so that one fix is not followed by the next refusal.
+/// once, so that one fix is not followed by the next refusal. The first [`PROBLEMS_KEPT`] are
+/// kept, the rest only counted (the second field): a spec of a hundred thousand bad items costs
+/// no more than one of a hundred.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SpecErrors(pub Vec<SpecError>);
+pub struct SpecErrors(pub Vec<SpecError>, pub usize);
 
 /// How many problems a message names before it counts the rest.
 const PROBLEMS_SHOWN: usize = 10;
+/// How many problems are kept; past that, they are counted.
+pub const PROBLEMS_KEPT: usize = 100;
+
+/// The problems found so far: the first [`PROBLEMS_KEPT`], and how many more.
+#[derive(Default)]
+struct Problems {
+    kept: Vec<SpecError>,
+    more: usize,
+}
+
+impl Problems {
+    fn push(&mut self, problem: SpecError) {
+        if self.kept.len() < PROBLEMS_KEPT {
+            self.kept.push(problem);
+        } else {
+            self.more += 1;
+        }
+    }
+}
 
 impl SpecErrors {
     /// The first problem (there is always one).
@@ -49,8 +70,9 @@ impl std::fmt::Display for SpecErrors {
             }
             write!(f, "{e}")?;
         }
-        if self.0.len() > PROBLEMS_SHOWN {
-            write!(f, "; and {} more", self.0.len() - PROBLEMS_SHOWN)?;
+        let total = self.0.len() + self.1;
+        if total > PROBLEMS_SHOWN {
+            write!(f, "; and {} more", total - PROBLEMS_SHOWN)?;
         }
         Ok(())
     }
@@ -79,24 +101,18 @@ pub fn check(
     path: &str,
     unknown: UnknownFields,
 ) -> Result<(), SpecErrors> {
-    let mut problems = Vec::new();
+    let mut problems = Problems::default();
     walk(schema, value, path, unknown, &mut problems);
-    if problems.is_empty() {
+    if problems.kept.is_empty() {
         Ok(())
     } else {
-        Err(SpecErrors(problems))
+        Err(SpecErrors(problems.kept, problems.more))
     }
 }
 
 /// The problems of `value` (at `path`) against `schema`, added to `out`. A value of the wrong
 /// type is one problem: what is inside it is not looked at.
-fn walk(
-    schema: &Value,
-    value: &Value,
-    path: &str,
-    unknown: UnknownFields,
-    out: &mut Vec<SpecError>,
-) {
+fn walk(schema: &Value, value: &Value, path: &str, unknown: UnknownFields, out: &mut Problems) {
     let mut fail = |message: String| {
         out.push(SpecError {
             field: path.to_owned(),
@@ -162,7 +178,7 @@ fn check_object(
     fields: &serde_json::Map<String, Value>,
     path: &str,
     unknown: UnknownFields,
-    out: &mut Vec<SpecError>,
+    out: &mut Problems,
 ) {
     let properties = schema.get("properties").and_then(Value::as_object);
     for name in schema
@@ -234,7 +250,7 @@ fn check_array(
     items: &[Value],
     path: &str,
     unknown: UnknownFields,
-    out: &mut Vec<SpecError>,
+    out: &mut Problems,
 ) {
     if let Some(item) = schema.get("items").filter(|i| i.is_object()) {
         for (i, v) in items.iter().enumerate() {
@@ -252,7 +268,7 @@ fn check_array(
     );
 }
 
-fn check_string(schema: &Value, value: &Value, path: &str, out: &mut Vec<SpecError>) {
+fn check_string(schema: &Value, value: &Value, path: &str, out: &mut Problems) {
     let chars = value.as_str().map_or(0, |s| s.chars().count());
     bounds(
         schema,
@@ -265,7 +281,7 @@ fn check_string(schema: &Value, value: &Value, path: &str, out: &mut Vec<SpecErr
     );
 }
 
-fn check_number(schema: &Value, value: &Value, path: &str, out: &mut Vec<SpecError>) {
+fn check_number(schema: &Value, value: &Value, path: &str, out: &mut Problems) {
     let mut fail = |message: String| {
         out.push(SpecError {
             field: path.to_owned(),
@@ -327,7 +343,7 @@ fn bounds(
     count: usize,
     what: &str,
     path: &str,
-    out: &mut Vec<SpecError>,
+    out: &mut Problems,
 ) {
     let get = |k: &str| schema.get(k).and_then(Value::as_u64);
     let count64 = count as u64;
@@ -640,5 +656,14 @@ mod tests {
                 .contains("spec.image.repository: is required; "),
             "{e}"
         );
+    }
+
+    #[test]
+    fn problems_past_the_first_hundred_are_counted_not_kept() {
+        let schema = json!({ "type": "array", "items": { "type": "integer" } });
+        let spec = Value::Array(vec![json!("x"); 5000]);
+        let e = check(&schema, &spec, "spec.n", UnknownFields::Refuse).expect_err("refused");
+        assert_eq!((e.0.len(), e.1), (PROBLEMS_KEPT, 5000 - PROBLEMS_KEPT));
+        assert!(e.to_string().ends_with("; and 4990 more"), "{e}");
     }
 }

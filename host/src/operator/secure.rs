@@ -25,6 +25,10 @@ use sha2::{Digest as _, Sha256};
 /// How long an answer of the API server about a token is kept: a scrape every 30 s asks once a
 /// minute at most.
 const REMEMBERED: Duration = Duration::from_secs(60);
+/// Reviews asked of the API server at once: requests with tokens never seen before (anyone who
+/// reaches the port can send them) wait their turn rather than multiply the operator's own
+/// requests to the API server.
+const REVIEWS_IN_FLIGHT: usize = 2;
 /// How many tokens' answers are kept at most (past that, the oldest go).
 const REMEMBERED_TOKENS: usize = 256;
 /// How long a client has to finish its TLS handshake and send its request's head.
@@ -102,6 +106,7 @@ struct Answer {
 #[derive(Clone)]
 pub struct Reviewer {
     client: kube::Client,
+    asking: Arc<tokio::sync::Semaphore>,
     remembered: Arc<Mutex<HashMap<[u8; 32], Answer>>>,
 }
 
@@ -115,6 +120,7 @@ impl Reviewer {
     pub fn new(client: kube::Client) -> Self {
         Self {
             client,
+            asking: Arc::new(tokio::sync::Semaphore::new(REVIEWS_IN_FLIGHT)),
             remembered: Arc::new(Mutex::new(HashMap::new())),
         }
     }
@@ -129,7 +135,13 @@ impl Reviewer {
         {
             return a.verdict.clone();
         }
-        let verdict = self.ask(token, path).await;
+        let verdict = match self.asking.acquire().await {
+            Ok(_turn) => self.ask(token, path).await,
+            Err(_) => Err((
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the metrics server is stopping".to_owned(),
+            )),
+        };
         // A failure to ask is not remembered: the next scrape asks again.
         if !matches!(&verdict, Err((StatusCode::SERVICE_UNAVAILABLE, _))) {
             let mut remembered = super::lock(&self.remembered);

@@ -411,19 +411,25 @@ pub(crate) fn settings_for(
     }
 }
 
-/// The JavaScript example plugin as its author would ship it: `host push` to a registry, a
-/// `Plugin` naming the digest printed, its `StaticSite` reconciled to Ready, and `kubectl get`
-/// showing the host's Ready column (the plugin declares no columns).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_javascript_plugin_is_pushed_loaded_by_a_plugin_resource_and_reconciled() {
-    let cp = ControlPlane::start().unwrap();
-    let _logs = cp.logs_on_failure();
+/// An example plugin (`examples/plugins/NAME`) served as its author would ship it, and the
+/// operator serving it: what the tests of each language then look at.
+struct Served {
+    operator: Operator,
+    /// The namespace its `example.yaml` was applied in.
+    ns: String,
+    _registry: Registry,
+    _cache: tempfile::TempDir,
+}
+
+/// `host push`es `wasm` to a registry, runs an operator serving Plugin resources, applies a
+/// `Plugin` named `name` pinned to the digest printed, waits for it to be Ready, and applies the
+/// example's `example.yaml` in a new namespace named after `ns`.
+async fn serve_example(cp: &ControlPlane, wasm: &std::path::Path, name: &str, ns: &str) -> Served {
     let registry = Registry::start(RegistryOptions::default()).unwrap();
-    let wasm = testenv::static_site_plugin().expect("scripts/js-plugin builds it");
     let cache = tempfile::tempdir().unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_host"))
         .args(["push", &wasm.display().to_string()])
-        .arg(format!("{}/plugins/static-site:0.1.0", registry.addr()))
+        .arg(format!("{}/plugins/{name}:0.1.0", registry.addr()))
         .env("WASM_OPERATOR_CACHE", cache.path())
         .output()
         .unwrap();
@@ -431,7 +437,7 @@ async fn a_javascript_plugin_is_pushed_loaded_by_a_plugin_resource_and_reconcile
         .trim()
         .to_owned();
 
-    install_plugin_crd(&cp);
+    install_plugin_crd(cp);
     let runtime = host::plugin::Runtime::new(
         host::plugin::Limits::default(),
         Some(crate::support::cache()),
@@ -442,15 +448,33 @@ async fn a_javascript_plugin_is_pushed_loaded_by_a_plugin_resource_and_reconcile
         host::registry::Registry::load(&runtime, Default::default(), false, &[]).unwrap(),
         settings_for(&runtime, cache.path()),
     );
-    apply_cluster(&cp, &plugin("static-site", &pinned));
-    wait_for(&cp, "Ready", "plugins.wasm-operator.dev/static-site");
+    apply_cluster(cp, &plugin(name, &pinned));
+    wait_for(cp, "Ready", &format!("plugins.wasm-operator.dev/{name}"));
     let admin = cp.client().await.unwrap();
-    let ns = cp.namespace(&admin, "site").await.unwrap();
-    let site = std::fs::read_to_string(
-        crate::support::root().join("examples/plugins/static-site/example.yaml"),
+    let ns = cp.namespace(&admin, ns).await.unwrap();
+    let example = std::fs::read_to_string(
+        crate::support::root().join(format!("examples/plugins/{name}/example.yaml")),
     )
     .unwrap();
-    apply(&cp, &ns, &site);
+    apply(cp, &ns, &example);
+    Served {
+        operator,
+        ns,
+        _registry: registry,
+        _cache: cache,
+    }
+}
+
+/// The JavaScript example plugin as its author would ship it: `host push` to a registry, a
+/// `Plugin` naming the digest printed, its `StaticSite` reconciled to Ready, and `kubectl get`
+/// showing the host's Ready column (the plugin declares no columns).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_javascript_plugin_is_pushed_loaded_by_a_plugin_resource_and_reconciled() {
+    let cp = ControlPlane::start().unwrap();
+    let _logs = cp.logs_on_failure();
+    let wasm = testenv::static_site_plugin().expect("scripts/js-plugin builds it");
+    let served = serve_example(&cp, &wasm, "static-site", "site").await;
+    let (operator, ns) = (served.operator, served.ns.clone());
     wait_ready(&cp, &ns, "staticsites.sites.example.com/hello");
     let files = get(&cp, &ns, "configmap/hello-files").expect("the files' ConfigMap");
     assert!(
@@ -480,39 +504,9 @@ async fn a_javascript_plugin_is_pushed_loaded_by_a_plugin_resource_and_reconcile
 async fn a_python_plugin_is_pushed_loaded_by_a_plugin_resource_and_reconciled() {
     let cp = ControlPlane::start().unwrap();
     let _logs = cp.logs_on_failure();
-    let registry = Registry::start(RegistryOptions::default()).unwrap();
     let wasm = testenv::redirect_plugin().expect("scripts/py-plugin builds it");
-    let cache = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_host"))
-        .args(["push", &wasm.display().to_string()])
-        .arg(format!("{}/plugins/redirect:0.1.0", registry.addr()))
-        .env("WASM_OPERATOR_CACHE", cache.path())
-        .output()
-        .unwrap();
-    let pinned = crate::support::succeeded("host push", out)
-        .trim()
-        .to_owned();
-
-    install_plugin_crd(&cp);
-    let runtime = host::plugin::Runtime::new(
-        host::plugin::Limits::default(),
-        Some(crate::support::cache()),
-    )
-    .unwrap();
-    let operator = Operator::run(
-        cp.client().await.unwrap(),
-        host::registry::Registry::load(&runtime, Default::default(), false, &[]).unwrap(),
-        settings_for(&runtime, cache.path()),
-    );
-    apply_cluster(&cp, &plugin("redirect", &pinned));
-    wait_for(&cp, "Ready", "plugins.wasm-operator.dev/redirect");
-    let admin = cp.client().await.unwrap();
-    let ns = cp.namespace(&admin, "redirect").await.unwrap();
-    let example = std::fs::read_to_string(
-        crate::support::root().join("examples/plugins/redirect/example.yaml"),
-    )
-    .unwrap();
-    apply(&cp, &ns, &example);
+    let served = serve_example(&cp, &wasm, "redirect", "redirect").await;
+    let (operator, ns) = (served.operator, served.ns.clone());
     wait_ready(&cp, &ns, "redirects.redirects.example.com/old-docs");
     let conf = get(&cp, &ns, "configmap/old-docs-conf").expect("the server's ConfigMap");
     assert!(

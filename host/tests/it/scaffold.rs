@@ -20,25 +20,7 @@ fn scaffold_and_build(dir: &Path, name: &str, lang: &str, extra: &[&str]) -> Str
         &format!("host new --lang {lang}"),
         crate::support::host_in(dir, &args),
     );
-    // A cache of its own for the Rust build: the tests' own target directory is in use.
-    let toolchain = host::scaffold::TOOLCHAIN;
-    let target = std::env::var_os("HOME")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(std::env::temp_dir)
-        .join(format!(".cache/wasm-operator/scaffold-target-{toolchain}"));
-    let out = Command::new(project.join("build.sh"))
-        .current_dir(&project)
-        .env("HOST", env!("CARGO_BIN_EXE_host"))
-        .env("CARGO_TARGET_DIR", &target)
-        .env("WASM_OPERATOR_CACHE", dir.join("cache"))
-        .output()
-        .expect("build.sh runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{lang}: ./build.sh failed:\n{text}");
+    let text = build(&project, &dir.join("cache"));
     assert!(
         text.contains("\npassed\n"),
         "{lang}: host check passed:\n{text}"
@@ -112,21 +94,7 @@ fn the_example_plugins_have_the_scaffolds_layout_and_build_once_copied() {
             }
             copy(&entry.path(), &to.join(&*name));
         }
-        let out = Command::new(to.join("build.sh"))
-            .current_dir(&to)
-            .env("HOST", env!("CARGO_BIN_EXE_host"))
-            .env("WASM_OPERATOR_CACHE", dir.path().join("cache"))
-            .output()
-            .expect("build.sh runs");
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(
-            out.status.success(),
-            "{example}: ./build.sh failed:\n{text}"
-        );
+        let text = build(&to, &dir.path().join("cache"));
         assert!(
             text.contains(&format!("push {artifact} REGISTRY/plugins/{example}:0.1.0")),
             "{example}: says how to push:\n{text}"
@@ -150,6 +118,35 @@ fn every_copy_of_the_contract_is_the_contract() {
             "{copy} is not wit/plugin.wit: run scripts/generate"
         );
     }
+}
+
+/// Runs `project`'s `./build.sh` with this build of `host` and the compile cache `cache`; what it
+/// printed, asserting that it passed.
+fn build(project: &Path, cache: &Path) -> String {
+    // A cache of its own for a Rust build: the tests' own target directory is in use.
+    let toolchain = host::scaffold::TOOLCHAIN;
+    let target = std::env::var_os("HOME")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir)
+        .join(format!(".cache/wasm-operator/scaffold-target-{toolchain}"));
+    let out = Command::new(project.join("build.sh"))
+        .current_dir(project)
+        .env("HOST", env!("CARGO_BIN_EXE_host"))
+        .env("CARGO_TARGET_DIR", &target)
+        .env("WASM_OPERATOR_CACHE", cache)
+        .output()
+        .expect("build.sh runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "{}: ./build.sh failed:\n{text}",
+        project.display()
+    );
+    text
 }
 
 fn copy(from: &Path, to: &Path) {

@@ -1,13 +1,3 @@
-#!/usr/bin/env bash
-# Builds the plugin into a component, checks it as the operator will, tests the status the
-# operator would write, and prints how to push it.
-set -euo pipefail
-cd "$(dirname "$0")"
-host=${HOST:-host}
-command -v "$host" >/dev/null || { echo "build: 'host' is not on the PATH (or set HOST)" >&2; exit 2; }
-
-[ -d node_modules ] || npm ci --no-audit --no-fund --loglevel=error
-npm run --silent build
 "$host" check {{name}}.wasm example.yaml
 
 # The status the operator would write, from the children as test/observed.yaml reports them.
