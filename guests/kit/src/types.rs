@@ -43,6 +43,36 @@ impl Resource {
             spec,
         }
     }
+
+    /// A resource from its object as it is written in a file or held by the cluster
+    /// (`apiVersion`, `kind`, `metadata`, `spec`), as the host passes it: for tests that render
+    /// an example file natively. `None` when `apiVersion`, `kind` or `metadata.name` is missing;
+    /// the namespace is `default` when none is given.
+    pub fn from_object(object: &Value) -> Option<Self> {
+        let text = |v: &Value| v.as_str().map(str::to_owned);
+        let metadata = &object["metadata"];
+        let strings = |v: &Value| -> BTreeMap<String, String> {
+            v.as_object()
+                .into_iter()
+                .flatten()
+                .filter_map(|(k, v)| Some((k.clone(), text(v)?)))
+                .collect()
+        };
+        Some(Self {
+            api_version: text(&object["apiVersion"])?,
+            kind: text(&object["kind"])?,
+            name: text(&metadata["name"])?,
+            namespace: text(&metadata["namespace"]).unwrap_or_else(|| "default".to_owned()),
+            uid: text(&metadata["uid"]).unwrap_or_default(),
+            generation: metadata["generation"].as_i64().unwrap_or(0),
+            labels: strings(&metadata["labels"]),
+            annotations: strings(&metadata["annotations"]),
+            spec: match &object["spec"] {
+                Value::Null => Value::Object(Default::default()),
+                spec => spec.clone(),
+            },
+        })
+    }
 }
 
 /// Facts about the cluster the host runs for.
@@ -230,6 +260,32 @@ pub struct ObservedChild {
 }
 
 impl ObservedChild {
+    /// The fields of a child's status the host passes (its other fields are not read).
+    pub const STATUS_FIELDS: [&'static str; 4] = [
+        "observedGeneration",
+        "readyReplicas",
+        "availableReplicas",
+        "updatedReplicas",
+    ];
+
+    /// A child from its object as the cluster reports it (`kubectl get -o yaml`), keeping what
+    /// the host passes to `status()`: for tests of a plugin's status against an observed file.
+    /// `None` when `apiVersion`, `kind` or `metadata.name` is missing.
+    pub fn from_object(object: &Value) -> Option<Self> {
+        let text = |v: &Value| v.as_str().map(str::to_owned);
+        let status = Self::STATUS_FIELDS
+            .iter()
+            .filter_map(|&f| Some((f.to_owned(), object["status"].get(f)?.as_i64()?.into())))
+            .collect();
+        Some(Self {
+            api_version: text(&object["apiVersion"])?,
+            kind: text(&object["kind"])?,
+            name: text(&object["metadata"]["name"])?,
+            replicas: object["spec"]["replicas"].as_i64(),
+            status: Value::Object(status),
+        })
+    }
+
     /// An integer field of its status; 0 when absent.
     pub fn count(&self, field: &str) -> i64 {
         self.status.get(field).and_then(Value::as_i64).unwrap_or(0)

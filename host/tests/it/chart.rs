@@ -17,7 +17,7 @@ const CHART: &str = "charts/wasm-operator";
 
 /// Runs helm from the repository root, with its caches and configuration in a directory of the
 /// test run's own.
-fn helm(args: &[&str]) -> Output {
+pub(crate) fn helm(args: &[&str]) -> Output {
     let binary: PathBuf = testenv::helm().unwrap_or_else(|e| panic!("helm: {e}"));
     let home = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("helm-home");
     Command::new(binary)
@@ -31,7 +31,7 @@ fn helm(args: &[&str]) -> Output {
         .unwrap_or_else(|e| panic!("helm did not run: {e}"))
 }
 
-fn helm_ok(args: &[&str]) -> String {
+pub(crate) fn helm_ok(args: &[&str]) -> String {
     crate::support::succeeded(&format!("helm {args:?}"), helm(args))
 }
 

@@ -15,6 +15,7 @@ mod monitoring;
 mod oci;
 mod operator;
 mod plugins;
+mod release;
 mod render;
 mod reporting;
 mod roundtrip;
