@@ -18,7 +18,7 @@ cp "${target:-../../target}/wasm32-wasip2/guest/guest_service.wasm" service.wasm
 
 # The status the operator would write, from the children as test/observed.yaml reports them.
 out=$("$host" render --no-builtins --plugin service.wasm --observed test/observed.yaml example.yaml)
-grep -q "reason: Ready" <<<"$out" || { echo "build: the examples are not Ready in:" >&2; echo "$out" >&2; exit 1; }
+[ "$(grep -c "reason: Ready" <<<"$out")" = 2 ] || { echo "build: the two examples are not both Ready in:" >&2; echo "$out" >&2; exit 1; }
 grep -q "2/2 available" <<<"$out" || { echo "build: no Deployment 2/2 available in:" >&2; echo "$out" >&2; exit 1; }
 
 echo

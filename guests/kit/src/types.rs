@@ -46,30 +46,41 @@ impl Resource {
 
     /// A resource from its object as it is written in a file or held by the cluster
     /// (`apiVersion`, `kind`, `metadata`, `spec`), as the host passes it: for tests that render
-    /// an example file natively. `None` when `apiVersion`, `kind` or `metadata.name` is missing;
-    /// the namespace is `default` when none is given.
+    /// an example file natively. The namespace is `default` when none is given (or it is empty),
+    /// as the host has it. `None` when `apiVersion`, `kind` or `metadata.name` is missing, or a
+    /// field is of another type than the host accepts (a label that is not a string, a spec
+    /// that is not an object).
     pub fn from_object(object: &Value) -> Option<Self> {
         let text = |v: &Value| v.as_str().map(str::to_owned);
         let metadata = &object["metadata"];
-        let strings = |v: &Value| -> BTreeMap<String, String> {
-            v.as_object()
-                .into_iter()
-                .flatten()
-                .filter_map(|(k, v)| Some((k.clone(), text(v)?)))
-                .collect()
+        let strings = |v: &Value| -> Option<BTreeMap<String, String>> {
+            match v {
+                Value::Null => Some(BTreeMap::new()),
+                Value::Object(map) => map
+                    .iter()
+                    .map(|(k, v)| Some((k.clone(), text(v)?)))
+                    .collect(),
+                _ => None,
+            }
+        };
+        let namespace = match &metadata["namespace"] {
+            Value::Null => "default".to_owned(),
+            Value::String(ns) if ns.is_empty() => "default".to_owned(),
+            ns => text(ns)?,
         };
         Some(Self {
             api_version: text(&object["apiVersion"])?,
             kind: text(&object["kind"])?,
             name: text(&metadata["name"])?,
-            namespace: text(&metadata["namespace"]).unwrap_or_else(|| "default".to_owned()),
+            namespace,
             uid: text(&metadata["uid"]).unwrap_or_default(),
             generation: metadata["generation"].as_i64().unwrap_or(0),
-            labels: strings(&metadata["labels"]),
-            annotations: strings(&metadata["annotations"]),
+            labels: strings(&metadata["labels"])?,
+            annotations: strings(&metadata["annotations"])?,
             spec: match &object["spec"] {
                 Value::Null => Value::Object(Default::default()),
-                spec => spec.clone(),
+                spec @ Value::Object(_) => spec.clone(),
+                _ => return None,
             },
         })
     }
@@ -270,13 +281,16 @@ impl ObservedChild {
 
     /// A child from its object as the cluster reports it (`kubectl get -o yaml`), keeping what
     /// the host passes to `status()`: for tests of a plugin's status against an observed file.
-    /// `None` when `apiVersion`, `kind` or `metadata.name` is missing.
+    /// `None` when `apiVersion`, `kind` or `metadata.name` is missing, or one of the counts
+    /// the host keeps is not an integer (the host refuses such an object).
     pub fn from_object(object: &Value) -> Option<Self> {
         let text = |v: &Value| v.as_str().map(str::to_owned);
-        let status = Self::STATUS_FIELDS
-            .iter()
-            .filter_map(|&f| Some((f.to_owned(), object["status"].get(f)?.as_i64()?.into())))
-            .collect();
+        let mut status = serde_json::Map::new();
+        for field in Self::STATUS_FIELDS {
+            if let Some(count) = object["status"].get(field) {
+                status.insert(field.to_owned(), count.as_i64()?.into());
+            }
+        }
         Some(Self {
             api_version: text(&object["apiVersion"])?,
             kind: text(&object["kind"])?,
@@ -595,5 +609,49 @@ mod tests {
             short.to_string(),
             "spec.ports[0].name: `http` names two ports"
         );
+    }
+}
+
+#[cfg(test)]
+mod from_object_tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_resource_from_its_object_is_what_the_host_passes() {
+        let r = Resource::from_object(&json!({
+            "apiVersion": "example.com/v1", "kind": "Site",
+            "metadata": { "name": "a", "namespace": "", "labels": { "team": "x" }, "generation": 3 },
+        }))
+        .unwrap();
+        assert_eq!((r.name.as_str(), r.namespace.as_str()), ("a", "default"));
+        assert_eq!(r.labels["team"], "x");
+        assert_eq!(r.generation, 3);
+        assert_eq!(r.spec, json!({}));
+        for wrong in [
+            json!({ "kind": "Site", "metadata": { "name": "a" } }),
+            json!({ "apiVersion": "v1", "kind": "Site", "metadata": { "name": "a", "labels": { "n": 1 } } }),
+            json!({ "apiVersion": "v1", "kind": "Site", "metadata": { "name": "a" }, "spec": [1] }),
+        ] {
+            assert_eq!(Resource::from_object(&wrong), None, "{wrong}");
+        }
+    }
+
+    #[test]
+    fn an_observed_child_keeps_the_counts_the_host_keeps() {
+        let child = ObservedChild::from_object(&json!({
+            "apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": { "name": "db" },
+            "spec": { "replicas": 3 },
+            "status": { "readyReplicas": 2, "currentRevision": "db-1" },
+        }))
+        .unwrap();
+        assert_eq!(child.replicas, Some(3));
+        assert_eq!(child.status, json!({ "readyReplicas": 2 }));
+        let wrong = json!({
+            "apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": { "name": "db" },
+            "status": { "readyReplicas": "two" },
+        });
+        assert_eq!(ObservedChild::from_object(&wrong), None);
     }
 }
