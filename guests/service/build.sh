@@ -18,7 +18,9 @@ cp "${target:-../../target}/wasm32-wasip2/guest/guest_service.wasm" service.wasm
 
 # The status the operator would write, from the children as test/observed.yaml reports them.
 out=$("$host" render --no-builtins --plugin service.wasm --observed test/observed.yaml example.yaml)
-[ "$(grep -c "reason: Ready" <<<"$out")" = 2 ] || { echo "build: the two examples are not both Ready in:" >&2; echo "$out" >&2; exit 1; }
+# Each example's Ready condition (its status line comes just before its type line) is True.
+ready=$(grep -B1 "type: Ready$" <<<"$out" | grep -c 'status: "True"' || true)
+[ "$ready" = 2 ] || { echo "build: the two examples are not both Ready in:" >&2; echo "$out" >&2; exit 1; }
 grep -q "2/2 available" <<<"$out" || { echo "build: no Deployment 2/2 available in:" >&2; echo "$out" >&2; exit 1; }
 
 echo
