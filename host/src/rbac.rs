@@ -132,8 +132,6 @@ pub fn objects(registry: &Registry, target: &Target) -> Vec<Value> {
             "subjects": subject,
         }));
     }
-    // Watching some namespaces only, the operator lists and writes in those alone; what is
-    // cluster-wide by nature gets a ClusterRole of its own, bound cluster-wide.
     // A ClusterRole of `rules` named `role`, bound cluster-wide to the ServiceAccount.
     let cluster_wide = |role: String, rules: Value| {
         [
@@ -152,6 +150,8 @@ pub fn objects(registry: &Registry, target: &Target) -> Vec<Value> {
             }),
         ]
     };
+    // Watching some namespaces only, the operator lists and writes in those alone; what is
+    // cluster-wide by nature gets a ClusterRole of its own, bound cluster-wide.
     if !cluster_rules.is_empty() {
         objects.extend(cluster_wide(
             format!("{name}-plugins"),

@@ -56,6 +56,42 @@ fn elf(path: &Path) -> (u16, bool) {
     (u16_at(18), interp)
 }
 
+/// The release's image archive (an OCI layout in a tar), unpacked.
+struct Archive(tempfile::TempDir);
+
+impl Archive {
+    fn unpack(release: &Path) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        run(
+            "tar",
+            Command::new("tar")
+                .arg("-xf")
+                .arg(release.join(format!("wasm-operator-{VERSION}.oci.tar")))
+                .arg("-C")
+                .arg(dir.path()),
+        );
+        Self(dir)
+    }
+
+    /// A JSON blob of the layout, by its digest.
+    fn blob(&self, digest: &str) -> Value {
+        let path = self
+            .0
+            .path()
+            .join("blobs/sha256")
+            .join(digest.trim_start_matches("sha256:"));
+        serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+    }
+
+    /// The digest of the image index the archive holds (the first entry of its `index.json`).
+    fn index_digest(&self) -> String {
+        let top: Value =
+            serde_json::from_slice(&std::fs::read(self.0.path().join("index.json")).unwrap())
+                .unwrap();
+        top["manifests"][0]["digest"].as_str().unwrap().to_owned()
+    }
+}
+
 #[test]
 fn the_release_holds_its_artifacts_each_checked_and_described() {
     let dir = release();
@@ -98,26 +134,9 @@ fn the_release_holds_its_artifacts_each_checked_and_described() {
     assert_eq!(elf(&dir.join(binary("arm64"))), (EM_AARCH64, false));
 
     // The archive holds one index of two images, linux/amd64 and linux/arm64.
-    let unpacked = tempfile::tempdir().unwrap();
-    run(
-        "tar",
-        Command::new("tar")
-            .arg("-xf")
-            .arg(dir.join(format!("wasm-operator-{VERSION}.oci.tar")))
-            .arg("-C")
-            .arg(unpacked.path()),
-    );
-    let blob = |digest: &str| -> Value {
-        let path = unpacked
-            .path()
-            .join("blobs/sha256")
-            .join(digest.trim_start_matches("sha256:"));
-        serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
-    };
-    let top: Value =
-        serde_json::from_slice(&std::fs::read(unpacked.path().join("index.json")).unwrap())
-            .unwrap();
-    let index = blob(top["manifests"][0]["digest"].as_str().unwrap());
+    let archive = Archive::unpack(&dir);
+    let blob = |digest: &str| archive.blob(digest);
+    let index = blob(&archive.index_digest());
     assert_eq!(
         index["mediaType"], "application/vnd.oci.image.index.v1+json",
         "{index}"
@@ -242,25 +261,12 @@ fn the_release_pushes_to_a_registry_and_the_chart_installs_from_there() {
             &format!("docker://{pushed}"),
         ]),
     );
-    let unpacked = tempfile::tempdir().unwrap();
-    run(
-        "tar",
-        Command::new("tar")
-            .arg("-xf")
-            .arg(dir.join(format!("wasm-operator-{VERSION}.oci.tar")))
-            .arg("-C")
-            .arg(unpacked.path())
-            .arg("index.json"),
-    );
-    let top: Value =
-        serde_json::from_slice(&std::fs::read(unpacked.path().join("index.json")).unwrap())
-            .unwrap();
     assert_eq!(
         format!(
             "sha256:{}",
             host::units::hex(&Sha256::digest(raw.as_bytes()))
         ),
-        top["manifests"][0]["digest"].as_str().unwrap(),
+        Archive::unpack(&dir).index_digest(),
         "the pushed index is the archive's"
     );
     for arch in ["amd64", "arm64"] {
