@@ -262,6 +262,8 @@ async fn operate(
         stuck_after: crate::operator::Settings::default_stuck_after(render_wait),
         plugin_resources: None,
         rules: crate::policy::Rules::default(),
+        sharding: None,
+        shard: None,
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     say(&format!(

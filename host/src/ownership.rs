@@ -12,6 +12,10 @@ use kube::discovery::ApiResource;
 pub const FIELD_MANAGER: &str = "wasm-operator.dev/host";
 /// The label that ties a child to its owner (the owner's uid).
 pub const OWNER_LABEL: &str = "wasm-operator.dev/owner";
+/// The label that says which shard a resource, and each of its children, belongs to (`host
+/// run --shards`; see `operator::shard`). It is the operator's, not the resource's: no render
+/// reads it.
+pub const SHARD_LABEL: &str = "wasm-operator.dev/shard";
 /// `app.kubernetes.io/managed-by` on every child.
 pub const MANAGED_BY: &str = "wasm-operator";
 
@@ -137,7 +141,13 @@ pub fn plugin_resource(obj: &DynamicObject, ar: &ApiResource) -> crate::types::R
         namespace: meta.namespace.clone().unwrap_or_default(),
         uid: meta.uid.clone().unwrap_or_default(),
         generation: meta.generation.unwrap_or(0),
-        labels: map(&meta.labels),
+        // The operator's own label is no input of a render: the same resource renders the same
+        // children whatever the shard count.
+        labels: {
+            let mut labels = map(&meta.labels);
+            labels.remove(SHARD_LABEL);
+            labels
+        },
         annotations: map(&meta.annotations),
         spec: stored(obj, "spec")
             .filter(serde_json::Value::is_object)

@@ -25,6 +25,10 @@ pub struct Target {
     /// Whether it serves /metrics securely (`host run --metrics-secure`): then it asks the API
     /// server about each scrape's token (`<name>-metrics-auth`, bound cluster-wide).
     pub metrics_secure: bool,
+    /// Whether it splits the resources into shards (`host run --shards`, more than one): then
+    /// it labels each served resource with its shard (`patch` on the served Kinds), and lists,
+    /// applies and deletes the Leases of the shards and replicas.
+    pub sharded: bool,
 }
 
 const READ: [&str; 3] = ["get", "list", "watch"];
@@ -54,7 +58,15 @@ pub fn objects(registry: &Registry, target: &Target) -> Vec<Value> {
     let rule = |group: &str, resources: Vec<String>, verbs: &[&str]| json!({ "apiGroups": [group], "resources": resources, "verbs": verbs });
     let mut rules = Vec::new();
     for (group, plurals) in &served {
-        rules.push(rule(group, plurals.iter().cloned().collect(), &READ));
+        if target.sharded {
+            rules.push(rule(
+                group,
+                plurals.iter().cloned().collect(),
+                &["get", "list", "watch", "patch"],
+            ));
+        } else {
+            rules.push(rule(group, plurals.iter().cloned().collect(), &READ));
+        }
         rules.push(rule(
             group,
             plurals.iter().map(|p| format!("{p}/status")).collect(),
@@ -194,7 +206,11 @@ pub fn objects(registry: &Registry, target: &Target) -> Vec<Value> {
             "rules": [{
                 "apiGroups": ["coordination.k8s.io"],
                 "resources": ["leases"],
-                "verbs": ["get", "create", "update"],
+                "verbs": if target.sharded {
+                    json!(["get", "list", "create", "update", "patch", "delete"])
+                } else {
+                    json!(["get", "create", "update"])
+                },
             }],
         }),
         json!({

@@ -18,7 +18,8 @@ fi
 out=$("$host" render --no-builtins --plugin redirect.wasm --observed test/observed.yaml example.yaml)
 grep -q "target: https://docs.example.com/" <<<"$out" || { echo "build: no status.target in:" >&2; echo "$out" >&2; exit 1; }
 grep -q "availableReplicas: 2" <<<"$out" || { echo "build: no status.availableReplicas in:" >&2; echo "$out" >&2; exit 1; }
-grep -q "reason: Ready" <<<"$out" || { echo "build: the example is not Ready in:" >&2; echo "$out" >&2; exit 1; }
+# Its Ready condition (the status line comes just before the type line) is True.
+grep -B1 "type: Ready$" <<<"$out" | grep -q 'status: "True"' || { echo "build: the example is not Ready in:" >&2; echo "$out" >&2; exit 1; }
 
 echo
 echo "redirect.wasm is ready. Publish it:"

@@ -15,7 +15,8 @@ npm run --silent build
 out=$("$host" render --no-builtins --plugin static-site.wasm --observed test/observed.yaml example.yaml)
 grep -q "url: http://hello.default.svc" <<<"$out" || { echo "build: no status.url in:" >&2; echo "$out" >&2; exit 1; }
 grep -q "availableReplicas: 2" <<<"$out" || { echo "build: no status.availableReplicas in:" >&2; echo "$out" >&2; exit 1; }
-grep -q "reason: Ready" <<<"$out" || { echo "build: the example is not Ready in:" >&2; echo "$out" >&2; exit 1; }
+# Its Ready condition (the status line comes just before the type line) is True.
+grep -B1 "type: Ready$" <<<"$out" | grep -q 'status: "True"' || { echo "build: the example is not Ready in:" >&2; echo "$out" >&2; exit 1; }
 
 echo
 echo "static-site.wasm is ready. Publish it:"

@@ -55,6 +55,16 @@ pub struct RunArgs {
     /// The Lease's name.
     #[arg(long, default_value = "wasm-operator")]
     pub lease_name: String,
+    /// Split the resources into this many shards, each served by the replica that holds its
+    /// Lease (`<lease-name>-shard-<i>`): each replica holds a fair share, and takes over the
+    /// shards of a replica that died. Run at least as many replicas. 1: one leader serves
+    /// everything.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub shards: u32,
+    /// What decides a resource's shard: a hash of its namespace and name, or of its namespace
+    /// alone (a namespace's resources are then served by one replica).
+    #[arg(long, default_value_t = crate::operator::shard::ShardBy::Name, value_enum)]
+    pub shard_by: crate::operator::shard::ShardBy,
     /// This replica's identity in the Lease (default: the pod's name, else host name and pid).
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
@@ -129,6 +139,19 @@ pub(super) fn run(args: &RunArgs) -> Result<ExitCode, Error> {
             "host run takes no -n/--namespace {ns}: the namespaces to watch are --watch-namespace {ns}, the Lease's is --lease-namespace {ns}"
         )));
     }
+    if args.shards > 1 && !args.leader_elect {
+        return Err(Error::Usage(format!(
+            "--shards {} needs --leader-elect: each shard is served by the replica that holds its Lease",
+            args.shards
+        )));
+    }
+    if args.shards > 1 && args.lease_name.len() > crate::operator::shards::MAX_LEASE_NAME {
+        return Err(Error::Usage(format!(
+            "--lease-name {} is longer than {} characters: with --shards it is a label's value on every Lease",
+            args.lease_name,
+            crate::operator::shards::MAX_LEASE_NAME
+        )));
+    }
     let plugin_runtime = args.plugins.sandbox.runtime()?;
     let registry = args.plugins.registry_in(&plugin_runtime)?;
     let plugin_resources = if args.plugin_resources {
@@ -178,6 +201,11 @@ pub(super) fn run(args: &RunArgs) -> Result<ExitCode, Error> {
         stuck_after: stuck_after(args.stuck_after, render_wait),
         plugin_resources,
         rules: args.policy.rules(),
+        sharding: Some(crate::operator::shard::Sharding {
+            count: args.shards,
+            by: args.shard_by,
+        }),
+        shard: None,
     };
     let runtime = super::runtime(Some(usize::from(args.worker_threads)))?;
     let result = runtime.block_on(async move {

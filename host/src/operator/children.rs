@@ -291,12 +291,19 @@ pub(crate) struct Writer {
 /// Keeps only what reconciliation reads of an object that does not carry our ownership label:
 /// its name, uid, resourceVersion and owner references say whether it is in the way, and its
 /// consent to an adoption ([`crate::ownership::ADOPT_BY_ANNOTATION`]) whether it may be taken.
+#[cfg(test)]
 fn trim_foreign(o: &mut LiveChild) {
-    let ours = o
-        .metadata
-        .labels
-        .as_ref()
-        .is_some_and(|l| l.contains_key(OWNER_LABEL));
+    trim_for(None, o);
+}
+
+/// Keeps only what reconciliation reads of an object that does not carry our ownership label
+/// (see [`trim_foreign`]); in the pipeline of `shard`, of the children of other shards as
+/// well. Their owner references still say who controls them, so a resource that moved here
+/// finds its children, and applies them again with its shard's label.
+fn trim_for(shard: Option<super::shard::Shard>, o: &mut LiveChild) {
+    let labels = o.metadata.labels.as_ref();
+    let ours = labels.is_some_and(|l| l.contains_key(OWNER_LABEL))
+        && shard.is_none_or(|s| s.holds_child(labels));
     if !ours {
         o.metadata.labels = None;
         o.metadata.annotations = o
@@ -330,10 +337,14 @@ pub(crate) fn watch_children(
         let config = super::watch_config();
         listed.push((watch.clone(), first_list.subscribe()));
         let health = (shared.metrics.clone(), watch);
-        let stream = reflector::reflector(writer, watcher(api, config).modify(trim_foreign))
-            .inspect(first_list.observer())
-            .inspect(move |event| watch_health(&health.0, &health.1, event))
-            .default_backoff();
+        let shard = shared.shard;
+        let stream = reflector::reflector(
+            writer,
+            watcher(api, config).modify(move |o| trim_for(shard, o)),
+        )
+        .inspect(first_list.observer())
+        .inspect(move |event| watch_health(&health.0, &health.1, event))
+        .default_backoff();
         let owners = shared.owners.clone();
         let shared = shared.clone();
         tokio::spawn(async move {

@@ -106,23 +106,25 @@ impl Controllers {
             let health = (shared.metrics.clone(), watch.clone());
             let (queue, queue_name) = (shared.metrics.clone(), controller.clone());
             let (forget, forget_name) = (shared.metrics.clone(), controller.clone());
-            let trigger =
-                reflector::reflector(writer, watcher(api, watch_config()).modify(trim_resource))
-                    .inspect(first_list.observer())
-                    .inspect(move |event| watch_health(&health.0, &health.1, event))
-                    .inspect(move |event| {
-                        if let Ok(kube::runtime::watcher::Event::Delete(o)) = event {
-                            forget.forgotten(&forget_name, &reconcile::queue_key(o));
-                        }
-                    })
-                    .default_backoff()
-                    .applied_objects()
-                    .predicate_filter(render_input, PredicateConfig::default())
-                    .inspect(move |o| {
-                        if let Ok(o) = o {
-                            queue.queued(&queue_name, &reconcile::queue_key(o));
-                        }
-                    });
+            let trigger = reflector::reflector(
+                writer,
+                watcher(api, owners_config(settings)).modify(trim_resource),
+            )
+            .inspect(first_list.observer())
+            .inspect(move |event| watch_health(&health.0, &health.1, event))
+            .inspect(move |event| {
+                if let Ok(kube::runtime::watcher::Event::Delete(o)) = event {
+                    forget.forgotten(&forget_name, &reconcile::queue_key(o));
+                }
+            })
+            .default_backoff()
+            .applied_objects()
+            .predicate_filter(render_input, PredicateConfig::default())
+            .inspect(move |o| {
+                if let Ok(o) = o {
+                    queue.queued(&queue_name, &reconcile::queue_key(o));
+                }
+            });
             // A child's change asks for its owner.
             let (queue, queue_name) = (shared.metrics.clone(), controller.clone());
             let rx = rx.inspect(move |owner: &reflector::ObjectRef<DynamicObject>| {
@@ -252,6 +254,16 @@ impl Controllers {
                 self.start(shared, settings, &plugin, &kind, ar);
             }
         }
+    }
+}
+
+/// How the resources of a served Kind are watched: with shards, only this pipeline's shard's,
+/// as the API server selects them by their label.
+fn owners_config(settings: &Settings) -> watcher::Config {
+    let config = watch_config();
+    match settings.shard.and_then(|s| s.sharding.selector(s.index)) {
+        Some(selector) => config.labels(&selector),
+        None => config,
     }
 }
 

@@ -77,7 +77,7 @@ impl Fence {
     }
 
     /// A fence that is closed until the Lease is first won.
-    fn closed() -> Arc<Self> {
+    pub(super) fn closed() -> Arc<Self> {
         Arc::new(Self {
             base: Instant::now(),
             until_ms: AtomicU64::new(0),
@@ -91,13 +91,13 @@ impl Fence {
     }
 
     /// Allows writes until `until`.
-    fn extend(&self, until: Instant) {
+    pub(super) fn extend(&self, until: Instant) {
         let ms = until.saturating_duration_since(self.base).as_millis();
         self.until_ms
             .store(u64::try_from(ms).unwrap_or(u64::MAX), Ordering::Release);
     }
 
-    fn close(&self) {
+    pub(super) fn close(&self) {
         self.until_ms.store(0, Ordering::Release);
     }
 

@@ -67,6 +67,12 @@ pub struct WatchLabels {
     pub watch: String,
 }
 
+/// `shard` label: a shard's index (`--shards`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShardLabels {
+    pub shard: String,
+}
+
 /// `name` label: the Lease.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LeaseLabels {
@@ -273,6 +279,9 @@ pub struct Metrics {
     pub reports_pending: Gauge,
     /// `leader_election_master_status`: 1 while this replica leads, by Lease.
     pub leader: Family<LeaseLabels, Gauge>,
+    /// `wasm_operator_shards_held`: whether this replica holds each shard (1) or not (0), by
+    /// its index; with `--shards`.
+    pub shards_held: Family<ShardLabels, Gauge>,
     /// `wasm_operator_plugin_info`: 1 for each plugin served, with its version and digest.
     pub plugin_info: Family<PluginInfoLabels, Gauge>,
     /// `wasm_operator_plugin_resource_ready`: whether each Plugin resource is Ready (1) or not
@@ -424,6 +433,14 @@ impl Default for Metrics {
             "Whether this replica leads (1) or waits (0), by Lease",
             leader.clone(),
         );
+        let shards_held = Family::<ShardLabels, Gauge>::default();
+        register(
+            &mut registry,
+            &mut series,
+            "wasm_operator_shards_held",
+            "Whether this replica holds each shard (1) or not (0), by shard",
+            shards_held.clone(),
+        );
         let build = Family::<BuildLabels, Gauge>::default();
         build
             .get_or_create(&BuildLabels {
@@ -515,6 +532,7 @@ impl Default for Metrics {
             registry,
             series,
             leader,
+            shards_held,
             plugin_info,
             plugin_ready,
             reconcile_total,
@@ -717,6 +735,15 @@ impl Metrics {
                 name: name.to_owned(),
             })
             .set(i64::from(leads));
+    }
+
+    /// Says whether this replica holds shard `index`.
+    pub fn set_shard(&self, index: u32, held: bool) {
+        self.shards_held
+            .get_or_create(&ShardLabels {
+                shard: index.to_string(),
+            })
+            .set(i64::from(held));
     }
 
     pub fn set_ready(&self, ready: bool) {

@@ -28,6 +28,8 @@ mod reconcile;
 mod report;
 mod run;
 pub mod secure;
+pub mod shard;
+pub mod shards;
 mod shared;
 mod status;
 mod watches;
@@ -135,6 +137,11 @@ pub struct Settings {
     pub plugin_resources: Option<plugins::Live>,
     /// What rendered objects are held to before they are applied, and who may adopt.
     pub rules: crate::policy::Rules,
+    /// Split the resources into shards, each on a Lease of its own (`--shards`, with leader
+    /// election); `None`, or one shard: one leader serves everything.
+    pub sharding: Option<shard::Sharding>,
+    /// The one shard this pipeline serves: set by the operator for each shard it takes.
+    pub shard: Option<shard::Shard>,
 }
 
 impl Settings {

@@ -46,6 +46,11 @@ pub async fn run(
         tracing::info!(%addr, "serving /healthz, /readyz and /metrics");
     }
 
+    // Shards: each replica serves the shards it holds.
+    if let Some(sharding) = settings.sharding.filter(|s| s.count > 1) {
+        return super::shards::serve(client, registry, settings, sharding, metrics, stop_rx).await;
+    }
+
     // Leader election: only the leader reconciles; the others wait. Without it, this replica
     // leads from the start (the series says so, for the alert that no replica leads).
     if !settings.leader_election {
@@ -94,23 +99,6 @@ pub async fn run(
         leadership = Some((is_leader, handle));
     }
 
-    let (shared, writers) = setup(
-        client.clone(),
-        registry,
-        metrics.clone(),
-        &settings,
-        fence.clone(),
-    )
-    .await?;
-    let shared = Arc::new(shared);
-    let mut report_workers = Vec::new();
-    for _ in 0..report::WORKERS {
-        let shared = shared.clone();
-        report_workers.push(tokio::spawn(async move {
-            shared.reports.work(&shared.metrics).await;
-        }));
-    }
-
     // Stop on shutdown, or when another replica takes the lease.
     let mut lost = leadership.as_ref().map(|(rx, _)| rx.clone());
     let mut stop = stop_rx.clone();
@@ -131,12 +119,64 @@ pub async fn run(
             }
         }
     };
+    lead(
+        client,
+        registry,
+        metrics.clone(),
+        &settings,
+        fence,
+        prefetched,
+        trigger,
+    )
+    .await?;
+    metrics.set_ready(false);
+    metrics.set_leader(&settings.lease_name, false);
+    if let Some((rx, handle)) = leadership {
+        let lost = !*rx.borrow();
+        drop(rx);
+        let _ = handle.await;
+        tracing::info!("stepped down");
+        if lost && !*stop_rx.borrow() {
+            return Err(Error::LeaseLost);
+        }
+    }
+    Ok(())
+}
+
+/// Serves as the leader (or as the holder of one shard, `settings.shard`) until `stop`
+/// resolves, writing through `fence`; then lets every controller finish and what they had to
+/// report be sent.
+pub(super) async fn lead(
+    client: kube::Client,
+    registry: Registry,
+    metrics: Arc<Metrics>,
+    settings: &Settings,
+    fence: Arc<lease::Fence>,
+    mut prefetched: BTreeMap<String, plugins::Prepared>,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    let (shared, writers) = setup(
+        client.clone(),
+        registry,
+        metrics.clone(),
+        settings,
+        fence.clone(),
+    )
+    .await?;
+    let shared = Arc::new(shared);
+    let mut report_workers = Vec::new();
+    for _ in 0..report::WORKERS {
+        let shared = shared.clone();
+        report_workers.push(tokio::spawn(async move {
+            shared.reports.work(&shared.metrics).await;
+        }));
+    }
     let (trigger_tx, _) = tokio::sync::broadcast::channel::<()>(1);
     let trigger_tx2 = trigger_tx.clone();
     let mut stopping = shared.stopping.subscribe();
     let halted = shared.clone();
     tokio::spawn(async move {
-        trigger.await;
+        stop.await;
         halted.stopping.send_replace(true);
         let _ = trigger_tx2.send(());
     });
@@ -165,7 +205,7 @@ pub async fn run(
         let gvk = GroupVersionKind::gvk(&kind.group, &kind.versions[0], &kind.kind);
         match found {
             Ok((ar, _)) => {
-                listed.extend(controllers.start(&shared, &settings, plugin.name(), kind, ar))
+                listed.extend(controllers.start(&shared, settings, plugin.name(), kind, ar))
             }
             Err(e) => {
                 tracing::error!(kind = %kind.kind, group = %kind.group, plugin = %plugin.name(),
@@ -195,6 +235,7 @@ pub async fn run(
         ));
     }
     let synced = shared.clone();
+    let sharded = settings.shard.is_some();
     tokio::spawn(async move {
         // A watch that cannot list (no RBAC for it, say) must not hold every Kind back forever.
         let deadline = tokio::time::Instant::now() + SYNC_TIMEOUT;
@@ -207,7 +248,10 @@ pub async fn run(
         }
         tracing::info!("caches synced; reconciling");
         synced.synced.send_replace(true);
-        synced.metrics.set_ready(true);
+        // A replica of shards is ready from the start, as a standby is.
+        if !sharded {
+            synced.metrics.set_ready(true);
+        }
     });
     let rediscovery = tokio::spawn(rediscover(
         shared.clone(),
@@ -231,17 +275,6 @@ pub async fn run(
     shared.reports.flush(Duration::from_secs(10)).await;
     for w in report_workers {
         w.abort();
-    }
-    metrics.set_ready(false);
-    metrics.set_leader(&settings.lease_name, false);
-    if let Some((rx, handle)) = leadership {
-        let lost = !*rx.borrow();
-        drop(rx);
-        let _ = handle.await;
-        tracing::info!("stepped down");
-        if lost && !*stop_rx.borrow() {
-            return Err(Error::LeaseLost);
-        }
     }
     Ok(())
 }
@@ -351,6 +384,7 @@ pub(super) async fn setup(
         stopping: tokio::sync::watch::Sender::new(false),
         render_wait: settings.render_wait,
         rules: settings.rules.clone(),
+        shard: settings.shard,
         levels: Mutex::new(BTreeMap::new()),
     };
     let owners = shared.owners.clone();

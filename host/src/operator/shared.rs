@@ -70,6 +70,8 @@ pub(crate) struct Shared {
     pub fence: Arc<lease::Fence>,
     /// See [`Settings::rules`].
     pub rules: crate::policy::Rules,
+    /// The one shard served (see [`super::shard`]); `None`: every resource.
+    pub shard: Option<super::shard::Shard>,
     /// The Pod Security level each namespace enforced when last read, and when that was.
     pub levels: Mutex<BTreeMap<String, (std::time::Instant, crate::policy::Level)>>,
 }

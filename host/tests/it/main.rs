@@ -22,5 +22,6 @@ mod roundtrip;
 mod sandbox;
 mod scaffold;
 mod security;
+mod shards;
 mod signatures;
 mod support;

@@ -1399,6 +1399,8 @@ async fn healthz_and_readyz_follow_a_partition() {
         stuck_after: Duration::from_secs(3),
         plugin_resources: None,
         rules: host::policy::Rules::default(),
+        sharding: None,
+        shard: None,
     };
     let op = Operator::start_settings(
         cp.client_via(&proxy.url()).await.unwrap(),

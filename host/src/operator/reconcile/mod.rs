@@ -151,6 +151,44 @@ pub(crate) async fn reconcile(
     result
 }
 
+/// Labels the resource `obj` with the shard `target` ([`super::shard::SHARD_LABEL`]): a
+/// server-side apply of that label alone, under a field manager of its own, by the holder of
+/// the shard the resource is in now (nobody else writes it). When `target` is another shard,
+/// its holder serves the resource from then on, and applies its children again with the label.
+async fn move_to_shard(
+    obj: &DynamicObject,
+    ctx: &KindCtx,
+    target: u32,
+) -> Result<(), ReconcileError> {
+    let (namespace, name) = (obj.namespace().unwrap_or_default(), obj.name_any());
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(ctx.shared.client.clone(), &namespace, &ctx.ar);
+    let body = json!({
+        "apiVersion": ctx.ar.api_version,
+        "kind": ctx.ar.kind,
+        "metadata": {
+            "name": name,
+            // Applied to this very object: one made again under its name is not moved.
+            "uid": obj.metadata.uid,
+            "labels": { super::shard::SHARD_LABEL: target.to_string() },
+        },
+    });
+    let params = PatchParams::apply(SHARD_FIELD_MANAGER).force();
+    ctx.shared
+        .write(
+            "apply",
+            &ctx.ar,
+            api.patch(&name, &params, &Patch::Apply(&body)),
+        )
+        .await?;
+    tracing::info!(controller = %ctx.controller, resource = %format!("{namespace}/{name}"), shard = target, "labelled with its shard");
+    Ok(())
+}
+
+/// The field manager of the shard label on resources: its own, so that the label is kept apart
+/// from the children's applies and never taken from the resource's author.
+pub(crate) const SHARD_FIELD_MANAGER: &str = "wasm-operator.dev/shard";
+
 /// How the work-queue metrics name a resource: `namespace/name`.
 pub(crate) fn queue_key(obj: &DynamicObject) -> String {
     format!(
@@ -227,6 +265,22 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
     if obj.metadata.deletion_timestamp.is_some() {
         // The garbage collector removes the children through their owner references.
         return Ok(Action::await_change());
+    }
+    // With shards: a resource of this shard whose hash names another is moved there (one
+    // write of its label), and served here no more; one not labelled yet is labelled.
+    if let Some(shard) = ctx.shared.shard {
+        let labels = obj.metadata.labels.as_ref();
+        if !shard.owns(labels) {
+            // Seen just before it moved away: another shard's now.
+            return Ok(Action::await_change());
+        }
+        let (namespace, name) = (obj.namespace().unwrap_or_default(), obj.name_any());
+        if let Some(target) = shard.destination(&namespace, &name, labels) {
+            move_to_shard(obj, ctx, target).await?;
+            if target != shard.index {
+                return Ok(Action::await_change());
+            }
+        }
     }
     let owner = Owner::of(obj, ctx);
     let grant = match take_budget(&owner, ctx).await {
@@ -431,6 +485,8 @@ pub(crate) struct Owner {
     pub recorded: BTreeMap<(String, String), Applied>,
     /// The children its status lists, kept as they are when a render fails.
     pub last_children: Vec<Child>,
+    /// The shard it is served in, which its children are labelled with (with `--shards`).
+    pub shard: Option<u32>,
 }
 
 impl Owner {
@@ -477,6 +533,11 @@ impl Owner {
             handle,
             recorded,
             last_children,
+            shard: ctx
+                .shared
+                .shard
+                .filter(|s| s.sharding.count > 1)
+                .map(|s| s.index),
         }
     }
 

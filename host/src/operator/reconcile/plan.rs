@@ -144,6 +144,10 @@ pub(crate) fn plan(objects: Vec<Value>, owner: &Owner, view: &impl View) -> Plan
             }
         };
         crate::ownership::stamp_child(&mut child, &r.api_version, &r.kind, &r.name, &r.uid);
+        if let Some(shard) = owner.shard {
+            child["metadata"]["labels"][super::super::shard::SHARD_LABEL] =
+                shard.to_string().into();
+        }
         let h = hash(&child);
         let cache_key = applied_key(&r.uid, &key, &name);
         let live = view.live(&key, &r.namespace, &name);
@@ -355,6 +359,7 @@ pub(crate) mod tests {
             handle: handle("services", "hanzo.ai", "web"),
             recorded: BTreeMap::new(),
             last_children: Vec::new(),
+            shard: None,
         }
     }
 

@@ -394,6 +394,8 @@ pub(crate) fn settings(
         stuck_after: Duration::from_secs(120),
         plugin_resources: None,
         rules: host::policy::Rules::default(),
+        sharding: None,
+        shard: None,
     }
 }
 

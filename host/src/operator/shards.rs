@@ -1,0 +1,669 @@
+//! Shards, each on a Lease of its own (`--shards K`): which ones this replica holds, and a
+//! pipeline (watches, controllers, caches) for each.
+//!
+//! One task per replica campaigns for every shard. Each round, every [`RETRY`], it:
+//! 1. renews this replica's member Lease, `<lease>-member-<hash of identity>`: the member Leases
+//!    that are alive say how many replicas there are, so that each holds its fair share,
+//!    ceil(K / replicas);
+//! 2. lists this operator's Leases (one request), and judges each expired by its own clock, as
+//!    the single leader's election does: when its record has not changed for its duration;
+//! 3. renews the shards it holds, each a compare-and-swap on the resourceVersion listed. Each
+//!    shard has its own [`Fence`]: its writes stop when its renewals have failed for
+//!    [`RENEW_DEADLINE`], before its Lease can expire and another replica take it;
+//! 4. gives back one shard when it holds more than its share (a replica joined): that shard's
+//!    reconciliations end first, then its Lease is released for another to take at once;
+//! 5. takes free or expired shards up to its share: a replica that died (killed, cut off) is
+//!    replaced within the Lease's duration, without a person. It takes none while a Lease of
+//!    another shard count (or the single leader's Lease) is held by someone: replicas of two
+//!    shard counts never serve at once, so a reshard waits for the old replicas to go.
+//!
+//! Which resources a shard serves is `shard`'s.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use tokio::sync::{mpsc, watch};
+
+use super::lease::{Fence, LEASE_DURATION, RENEW_DEADLINE, RETRY};
+use super::shard::{Shard, Sharding};
+use super::{Error, Metrics, Registry, Settings};
+
+/// On each of this operator's Leases: the name of its single leader's Lease (`--lease-name`).
+const OF_LABEL: &str = "wasm-operator.dev/lease-of";
+/// On each of this operator's Leases: `shard` or `member`.
+const ROLE_LABEL: &str = "wasm-operator.dev/lease-role";
+/// On a shard's Lease: the shard count of the replica that last took it.
+const SHARDS_ANNOTATION: &str = "wasm-operator.dev/shards";
+/// On a shard's Lease: its index.
+const INDEX_ANNOTATION: &str = "wasm-operator.dev/shard";
+
+/// The longest `--lease-name` sharding takes: it is a label's value on every Lease.
+pub const MAX_LEASE_NAME: usize = 63;
+
+/// The Lease of shard `index`.
+pub fn shard_lease(base: &str, index: u32) -> String {
+    format!("{base}-shard-{index}")
+}
+
+/// This replica's member Lease: named by a hash of its identity, which may be long or hold
+/// characters a name may not.
+fn member_lease(base: &str, identity: &str) -> String {
+    format!(
+        "{base}-member-{:016x}",
+        super::shard::fnv1a(identity.as_bytes())
+    )
+}
+
+/// What a shard's pipeline is told to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Role {
+    /// Serve the shard.
+    Leading,
+    /// Finish and stop: the shard is given to another replica once its pipeline has ended.
+    Yield,
+    /// Stop: the Lease was lost (its fence has closed already).
+    Lost,
+}
+
+/// A shard taken.
+pub(super) struct Won {
+    pub index: u32,
+    /// Tells this holding from an earlier one of the same shard.
+    pub term: u64,
+    pub fence: Arc<Fence>,
+    pub role: watch::Receiver<Role>,
+}
+
+/// What the run loop tells the campaign.
+pub(super) enum Ctl {
+    /// The pipeline of this holding of a shard has ended: release its Lease if still held.
+    Stopped { index: u32, term: u64 },
+    /// The operator stops: release everything.
+    Quit,
+}
+
+struct Held {
+    term: u64,
+    fence: Arc<Fence>,
+    role: watch::Sender<Role>,
+    /// When the last renewal that succeeded was asked for.
+    renewed: Instant,
+}
+
+/// A Lease's record as last seen, and when it last changed by our clock.
+#[derive(Debug, Clone, PartialEq)]
+struct Record {
+    holder: Option<String>,
+    renew: Option<String>,
+}
+
+struct Campaign {
+    api: Api<Lease>,
+    base: String,
+    identity: String,
+    member: String,
+    sharding: Sharding,
+    /// Where this replica starts looking for a shard to take, so that replicas starting at
+    /// once do not all race for shard 0.
+    offset: u32,
+    seen: BTreeMap<String, (Record, Instant)>,
+    held: BTreeMap<u32, Held>,
+    terms: u64,
+    won: mpsc::UnboundedSender<Won>,
+    metrics: Arc<Metrics>,
+}
+
+fn now_micro() -> MicroTime {
+    MicroTime(Timestamp::now())
+}
+
+fn duration_of(lease: &Lease) -> Duration {
+    lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.lease_duration_seconds)
+        .and_then(|d| u64::try_from(d).ok())
+        .map_or(LEASE_DURATION, Duration::from_secs)
+}
+
+fn holder_of(lease: &Lease) -> Option<&str> {
+    lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.as_deref())
+        .filter(|h| !h.is_empty())
+}
+
+impl Campaign {
+    /// Whether `lease` is held by someone whose renewals we still see: a holder, and a record
+    /// that changed within its duration, by our clock.
+    fn live(&mut self, lease: &Lease, now: Instant) -> bool {
+        let spec = lease.spec.clone().unwrap_or_default();
+        let record = Record {
+            holder: spec.holder_identity.filter(|h| !h.is_empty()),
+            renew: spec.renew_time.map(|t| t.0.to_string()),
+        };
+        let held = record.holder.is_some();
+        let changed = match self.seen.get(&lease.name_any()) {
+            Some((r, at)) if *r == record => *at,
+            _ => {
+                self.seen.insert(lease.name_any(), (record, now));
+                now
+            }
+        };
+        held && now.duration_since(changed) < duration_of(lease)
+    }
+
+    fn shard_spec(&self, acquire: Option<MicroTime>, transitions: i32) -> LeaseSpec {
+        LeaseSpec {
+            holder_identity: Some(self.identity.clone()),
+            lease_duration_seconds: Some(LEASE_DURATION.as_secs() as i32),
+            acquire_time: acquire,
+            renew_time: Some(now_micro()),
+            lease_transitions: Some(transitions),
+            ..LeaseSpec::default()
+        }
+    }
+
+    fn shard_meta(&self, index: u32, mut meta: ObjectMeta) -> ObjectMeta {
+        meta.name = Some(shard_lease(&self.base, index));
+        meta.labels.get_or_insert_default().extend([
+            (OF_LABEL.to_owned(), self.base.clone()),
+            (ROLE_LABEL.to_owned(), "shard".to_owned()),
+        ]);
+        meta.annotations.get_or_insert_default().extend([
+            (
+                SHARDS_ANNOTATION.to_owned(),
+                self.sharding.count.to_string(),
+            ),
+            (INDEX_ANNOTATION.to_owned(), index.to_string()),
+        ]);
+        meta
+    }
+
+    async fn renew_member(&self) -> Result<(), kube::Error> {
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(self.member.clone()),
+                labels: Some(
+                    [
+                        (OF_LABEL.to_owned(), self.base.clone()),
+                        (ROLE_LABEL.to_owned(), "member".to_owned()),
+                    ]
+                    .into(),
+                ),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(self.identity.clone()),
+                lease_duration_seconds: Some(LEASE_DURATION.as_secs() as i32),
+                renew_time: Some(now_micro()),
+                ..LeaseSpec::default()
+            }),
+        };
+        let params = PatchParams::apply(crate::ownership::FIELD_MANAGER).force();
+        self.api
+            .patch(&self.member, &params, &Patch::Apply(&lease))
+            .await?;
+        Ok(())
+    }
+
+    /// One round (see the module's documentation), begun at `attempt`.
+    async fn round(&mut self, attempt: Instant) {
+        if let Err(e) = self.renew_member().await {
+            tracing::debug!(identity = %self.identity, "could not renew the member Lease: {e}");
+        }
+        let params = ListParams::default().labels(&format!("{OF_LABEL}={}", self.base));
+        let leases = match self.api.list(&params).await {
+            Ok(list) => list.items,
+            Err(e) => {
+                tracing::warn!(identity = %self.identity, "could not list the shards' Leases: {e}");
+                return;
+            }
+        };
+        // The single leader's Lease (`--shards 1`, or an operator from before sharding).
+        let single = match self.api.get_opt(&self.base).await {
+            Ok(lease) => lease,
+            Err(e) => {
+                tracing::warn!(identity = %self.identity, "could not read the Lease {}: {e}", self.base);
+                return;
+            }
+        };
+        let now = Instant::now();
+        let mut members = 0usize;
+        let mut member_seen = false;
+        let mut barrier = None;
+        let mut shards: BTreeMap<u32, Lease> = BTreeMap::new();
+        let mut stale_members = Vec::new();
+        if let Some(lease) = &single
+            && self.live(lease, now)
+        {
+            barrier = Some(format!(
+                "{} holds the Lease {} (one leader, no shards)",
+                holder_of(lease).unwrap_or_default(),
+                self.base
+            ));
+        }
+        for lease in leases {
+            let live = self.live(&lease, now);
+            let labels = lease.labels();
+            match labels.get(ROLE_LABEL).map(String::as_str) {
+                Some("member") => {
+                    if lease.name_any() == self.member {
+                        member_seen = true;
+                    }
+                    if live {
+                        members += 1;
+                    } else if self
+                        .seen
+                        .get(&lease.name_any())
+                        .is_some_and(|(_, at)| now.duration_since(*at) > 4 * duration_of(&lease))
+                    {
+                        stale_members.push(lease);
+                    }
+                }
+                Some("shard") => {
+                    let annotations = lease.annotations();
+                    let count = annotations
+                        .get(SHARDS_ANNOTATION)
+                        .and_then(|v| v.parse::<u32>().ok());
+                    let index = annotations
+                        .get(INDEX_ANNOTATION)
+                        .and_then(|v| v.parse::<u32>().ok());
+                    let theirs = holder_of(&lease) != Some(self.identity.as_str());
+                    if live && theirs && count != Some(self.sharding.count) {
+                        barrier = Some(format!(
+                            "{} holds the Lease {} of {} shards, not {}",
+                            holder_of(&lease).unwrap_or_default(),
+                            lease.name_any(),
+                            count.map_or("an unknown number of".to_owned(), |c| c.to_string()),
+                            self.sharding.count
+                        ));
+                    }
+                    if let Some(index) = index.filter(|i| *i < self.sharding.count)
+                        && lease.name_any() == shard_lease(&self.base, index)
+                    {
+                        shards.insert(index, lease);
+                    }
+                }
+                _ => {}
+            }
+        }
+        // This replica counts, whether or not its member Lease was written this round.
+        if !member_seen {
+            members += 1;
+        }
+        let members = members.max(1);
+        self.renew_held(attempt, now, &shards).await;
+        let fair = self
+            .sharding
+            .count
+            .div_ceil(u32::try_from(members).unwrap_or(u32::MAX));
+        let fair = usize::try_from(fair).unwrap_or(usize::MAX);
+        // More than its share: one shard at a time is given back.
+        let yielding = self.held.values().any(|h| *h.role.borrow() == Role::Yield);
+        if self.held.len() > fair
+            && !yielding
+            && let Some((index, held)) = self.held.iter().next_back()
+        {
+            tracing::info!(identity = %self.identity, shard = index, replicas = members,
+                "holding more than a fair share ({fair}): giving shard {index} back once its reconciliations end");
+            held.role.send_replace(Role::Yield);
+        }
+        if self.held.len() < fair {
+            match &barrier {
+                Some(why) => {
+                    tracing::info!(identity = %self.identity, "taking no shard: {why}");
+                }
+                None => self.take(attempt, now, &shards, fair).await,
+            }
+        }
+        for lease in stale_members {
+            let name = lease.name_any();
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    resource_version: lease.resource_version(),
+                    uid: None,
+                }),
+                ..DeleteParams::default()
+            };
+            if self.api.delete(&name, &params).await.is_ok() {
+                tracing::info!(lease = %name, "deleted the member Lease of a replica gone for good");
+                self.seen.remove(&name);
+            }
+        }
+    }
+
+    /// Renews each shard held, as listed in `shards`.
+    async fn renew_held(&mut self, attempt: Instant, now: Instant, shards: &BTreeMap<u32, Lease>) {
+        let indices: Vec<u32> = self.held.keys().copied().collect();
+        for index in indices {
+            let name = shard_lease(&self.base, index);
+            let renewed = match shards.get(&index) {
+                Some(lease) if holder_of(lease) == Some(self.identity.as_str()) => {
+                    let mut updated = lease.clone();
+                    let acquire = lease.spec.as_ref().and_then(|s| s.acquire_time.clone());
+                    let transitions = lease
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.lease_transitions)
+                        .unwrap_or(0);
+                    updated.spec = Some(self.shard_spec(acquire, transitions));
+                    self.api
+                        .replace(&name, &PostParams::default(), &updated)
+                        .await
+                }
+                Some(lease) => {
+                    // Someone took it: our renewals failed for longer than its duration.
+                    let holder = holder_of(lease).unwrap_or_default().to_owned();
+                    if self.live(lease, now) {
+                        tracing::warn!(identity = %self.identity, shard = index, %holder,
+                            "another replica holds the shard's Lease; stopping the shard");
+                        self.drop_shard(index, Role::Lost);
+                    }
+                    continue;
+                }
+                None => {
+                    // Deleted meanwhile: made again, still ours.
+                    let lease = Lease {
+                        metadata: self.shard_meta(index, ObjectMeta::default()),
+                        spec: Some(self.shard_spec(Some(now_micro()), 0)),
+                    };
+                    self.api.create(&PostParams::default(), &lease).await
+                }
+            };
+            match renewed {
+                Ok(_) => {
+                    if let Some(held) = self.held.get_mut(&index) {
+                        held.renewed = attempt;
+                        held.fence.extend(attempt + RENEW_DEADLINE);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(identity = %self.identity, shard = index, "could not renew the shard's Lease: {e}");
+                }
+            }
+        }
+    }
+
+    /// Takes free or expired shards until this replica holds `fair` of them.
+    async fn take(
+        &mut self,
+        attempt: Instant,
+        now: Instant,
+        shards: &BTreeMap<u32, Lease>,
+        fair: usize,
+    ) {
+        let count = self.sharding.count;
+        for step in 0..count {
+            if self.held.len() >= fair {
+                break;
+            }
+            let index = (self.offset + step) % count;
+            if self.held.contains_key(&index) {
+                continue;
+            }
+            let name = shard_lease(&self.base, index);
+            let result = match shards.get(&index) {
+                None => {
+                    let lease = Lease {
+                        metadata: self.shard_meta(index, ObjectMeta::default()),
+                        spec: Some(self.shard_spec(Some(now_micro()), 0)),
+                    };
+                    self.api.create(&PostParams::default(), &lease).await
+                }
+                Some(lease) => {
+                    if self.live(lease, now) {
+                        continue;
+                    }
+                    let transitions = lease
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.lease_transitions)
+                        .unwrap_or(0)
+                        + 1;
+                    let mut updated = lease.clone();
+                    updated.metadata = self.shard_meta(index, lease.metadata.clone());
+                    updated.spec = Some(self.shard_spec(Some(now_micro()), transitions));
+                    // The resourceVersion listed makes it a compare-and-swap: of two replicas
+                    // taking one expired Lease, one wins.
+                    self.api
+                        .replace(&name, &PostParams::default(), &updated)
+                        .await
+                }
+            };
+            match result {
+                Ok(_) => self.won(index, attempt),
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(e) => {
+                    tracing::warn!(identity = %self.identity, shard = index, "could not take the shard's Lease: {e}");
+                }
+            }
+        }
+    }
+
+    fn won(&mut self, index: u32, attempt: Instant) {
+        self.terms += 1;
+        let fence = Fence::closed();
+        fence.extend(attempt + RENEW_DEADLINE);
+        let (role, rx) = watch::channel(Role::Leading);
+        self.held.insert(
+            index,
+            Held {
+                term: self.terms,
+                fence: fence.clone(),
+                role,
+                renewed: attempt,
+            },
+        );
+        tracing::info!(identity = %self.identity, shard = index, "took the shard's Lease");
+        self.metrics.set_shard(index, true);
+        self.metrics
+            .set_leader(&shard_lease(&self.base, index), true);
+        let _ = self.won.send(Won {
+            index,
+            term: self.terms,
+            fence,
+            role: rx,
+        });
+    }
+
+    /// Stops writing for shard `index` at once and forgets it, its pipeline told why.
+    fn drop_shard(&mut self, index: u32, role: Role) {
+        if let Some(held) = self.held.remove(&index) {
+            held.fence.close();
+            held.role.send_replace(role);
+            self.metrics.set_shard(index, false);
+            self.metrics
+                .set_leader(&shard_lease(&self.base, index), false);
+        }
+    }
+
+    /// Closes the fence of each shard whose renewals have failed for [`RENEW_DEADLINE`].
+    fn check_deadlines(&mut self) {
+        let late: Vec<u32> = self
+            .held
+            .iter()
+            .filter(|(_, h)| h.renewed.elapsed() >= RENEW_DEADLINE)
+            .map(|(i, _)| *i)
+            .collect();
+        for index in late {
+            tracing::error!(identity = %self.identity, shard = index,
+                "no renewal for {RENEW_DEADLINE:?}: stopped writing, giving the shard up before its Lease can expire");
+            self.drop_shard(index, Role::Lost);
+        }
+    }
+
+    /// Releases the Lease of shard `index` if this replica holds it, so that another takes it
+    /// at once.
+    async fn release(&self, index: u32) {
+        let name = shard_lease(&self.base, index);
+        let released = async {
+            let Some(mut lease) = self.api.get_opt(&name).await? else {
+                return Ok::<_, kube::Error>(());
+            };
+            let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+            if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
+                return Ok(());
+            }
+            spec.holder_identity = None;
+            spec.renew_time = None;
+            spec.acquire_time = None;
+            self.api
+                .replace(&name, &PostParams::default(), &lease)
+                .await?;
+            Ok(())
+        };
+        match tokio::time::timeout(RETRY, released).await {
+            Ok(Ok(())) => {
+                tracing::info!(identity = %self.identity, shard = index, "released the shard's Lease")
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(identity = %self.identity, shard = index, "could not release the shard's Lease (it expires): {e}")
+            }
+            Err(_) => {
+                tracing::warn!(identity = %self.identity, shard = index, "no answer releasing the shard's Lease (it expires)")
+            }
+        }
+    }
+
+    async fn run(mut self, mut ctl: mpsc::UnboundedReceiver<Ctl>) {
+        loop {
+            let attempt = Instant::now();
+            // A request that hangs (a partition) must not hold the loop past the deadline.
+            if tokio::time::timeout(RETRY, self.round(attempt))
+                .await
+                .is_err()
+            {
+                tracing::warn!(identity = %self.identity, "no answer within {RETRY:?} from the API server about the shards");
+            }
+            self.check_deadlines();
+            let next = attempt + RETRY;
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(next.into()) => break,
+                    msg = ctl.recv() => match msg {
+                        Some(Ctl::Stopped { index, term }) => {
+                            if self.held.get(&index).is_some_and(|h| h.term == term) {
+                                self.drop_shard(index, Role::Yield);
+                                self.release(index).await;
+                            }
+                        }
+                        Some(Ctl::Quit) | None => {
+                            let held: Vec<u32> = self.held.keys().copied().collect();
+                            for index in held {
+                                self.drop_shard(index, Role::Yield);
+                                self.release(index).await;
+                            }
+                            let _ = tokio::time::timeout(
+                                RETRY,
+                                self.api.delete(&self.member, &DeleteParams::default()),
+                            )
+                            .await;
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Runs the operator as one of the replicas sharing `sharding`'s shards, until `stop` turns
+/// true: each shard taken gets a pipeline of its own ([`super::run::lead`]), which ends when the
+/// shard is lost or given back.
+pub(super) async fn serve(
+    client: kube::Client,
+    registry: Registry,
+    settings: Settings,
+    sharding: Sharding,
+    metrics: Arc<Metrics>,
+    stop: watch::Receiver<bool>,
+) -> Result<(), Error> {
+    for index in 0..sharding.count {
+        metrics.set_shard(index, false);
+    }
+    // Ready from the start, as a standby is: a replica holding no shard is one in waiting.
+    metrics.set_ready(true);
+    let api: Api<Lease> = Api::namespaced(client.clone(), &settings.lease_namespace);
+    let (won_tx, mut won) = mpsc::unbounded_channel();
+    let (ctl, ctl_rx) = mpsc::unbounded_channel();
+    let campaign = Campaign {
+        api,
+        base: settings.lease_name.clone(),
+        identity: settings.identity.clone(),
+        member: member_lease(&settings.lease_name, &settings.identity),
+        sharding,
+        offset: u32::try_from(
+            super::shard::fnv1a(settings.identity.as_bytes()) % u64::from(sharding.count),
+        )
+        .unwrap_or(0),
+        seen: BTreeMap::new(),
+        held: BTreeMap::new(),
+        terms: 0,
+        won: won_tx,
+        metrics: metrics.clone(),
+    };
+    tracing::info!(identity = %settings.identity, shards = sharding.count, by = %sharding.by,
+        "campaigning for a fair share of the shards");
+    let campaign = tokio::spawn(campaign.run(ctl_rx));
+    let (ended_tx, mut ended) = mpsc::unbounded_channel::<(u32, u64, Result<(), Error>)>();
+    let mut running = Vec::new();
+    let mut stopping = stop.clone();
+    loop {
+        tokio::select! {
+            Some(w) = won.recv() => {
+                let Won { index, term, fence, mut role } = w;
+                let mut shard_settings = settings.clone();
+                shard_settings.shard = Some(Shard { sharding, index });
+                let (client, registry, metrics, ended_tx) =
+                    (client.clone(), registry.clone(), metrics.clone(), ended_tx.clone());
+                let mut stop = stop.clone();
+                let stopped = async move {
+                    tokio::select! {
+                        _ = role.wait_for(|r| *r != Role::Leading) => {}
+                        _ = stop.wait_for(|s| *s) => {}
+                    }
+                };
+                running.retain(|h: &tokio::task::JoinHandle<()>| !h.is_finished());
+                running.push(tokio::spawn(async move {
+                    tracing::info!(shard = index, "serving the shard");
+                    let result = super::run::lead(
+                        client,
+                        registry,
+                        metrics,
+                        &shard_settings,
+                        fence,
+                        BTreeMap::new(),
+                        stopped,
+                    )
+                    .await;
+                    tracing::info!(shard = index, "stopped serving the shard");
+                    let _ = ended_tx.send((index, term, result));
+                }));
+            }
+            Some((index, term, result)) = ended.recv() => {
+                if let Err(e) = result {
+                    tracing::error!(shard = index, "the shard's pipeline failed: {e}");
+                }
+                let _ = ctl.send(Ctl::Stopped { index, term });
+            }
+            _ = stopping.wait_for(|s| *s) => break,
+        }
+    }
+    // Every pipeline sees the stop too: each finishes its reconciliations, then every Lease is
+    // released.
+    for pipeline in running {
+        let _ = pipeline.await;
+    }
+    let _ = ctl.send(Ctl::Quit);
+    let _ = campaign.await;
+    metrics.set_ready(false);
+    Ok(())
+}

@@ -1,0 +1,584 @@
+//! Shards (`host run --shards K`): replicas that share the resources, each shard on its own
+//! Lease. The replicas run as processes of the `host` binary, on the RBAC `host rbac --shards`
+//! prints, so that one can be killed as a node's failure would; the API server's audit log says
+//! who wrote what, and when.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use host::operator::shard::{SHARD_LABEL, ShardBy, Sharding};
+use k8s_openapi::jiff::Timestamp;
+use serde_json::Value;
+use testenv::ControlPlane;
+
+use crate::support::cluster::*;
+
+/// The namespace of the replicas' ServiceAccount and Leases.
+const SYSTEM: &str = "wasm-operator";
+/// Their ServiceAccount (and roles).
+const ACCOUNT: &str = "sharded";
+
+/// A replica: `host run --shards K`, a process of its own.
+struct Replica {
+    identity: String,
+    child: Child,
+    metrics: SocketAddr,
+    log: PathBuf,
+}
+
+impl Replica {
+    fn start(cluster: &Sharded, identity: &str, shards: u32) -> Self {
+        let metrics = free_addr();
+        let log = cluster.dir.path().join(format!("{identity}.log"));
+        let out = std::fs::File::create(&log).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_host"))
+            .args([
+                "run",
+                "--kubeconfig",
+                &cluster.kubeconfig.display().to_string(),
+                "--shards",
+                &shards.to_string(),
+                "--identity",
+                identity,
+                "--lease-namespace",
+                SYSTEM,
+                "--watch-namespace",
+                &cluster.ns,
+                "--metrics-addr",
+                &metrics.to_string(),
+                "--metrics-secure=false",
+            ])
+            .env(
+                "WASM_OPERATOR_CACHE",
+                Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
+            )
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .expect("host run starts");
+        Self {
+            identity: identity.to_owned(),
+            child,
+            metrics,
+            log,
+        }
+    }
+
+    /// The shards this replica says it holds (`wasm_operator_shards_held`).
+    fn held(&self) -> BTreeSet<u32> {
+        http_get(self.metrics, "/metrics")
+            .lines()
+            .filter_map(|l| {
+                let rest = l.strip_prefix("wasm_operator_shards_held{shard=\"")?;
+                let (index, value) = rest.split_once("\"} ")?;
+                (value.trim() == "1").then(|| index.parse().ok()).flatten()
+            })
+            .collect()
+    }
+
+    /// SIGKILL: no shutdown, no Lease released, as when its node dies.
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, and the process's end: it finishes its reconciliations and releases its Leases.
+    fn stop(&mut self) {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                assert!(
+                    status.success(),
+                    "{} exited with {status}:\n{}",
+                    self.identity,
+                    self.logs()
+                );
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!(
+            "{} did not stop within 60 s:\n{}",
+            self.identity,
+            self.logs()
+        );
+    }
+
+    fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- {} ---\n{}", self.identity, self.logs());
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A control plane of its own (its audit log holds this test's writes alone), the CRDs, a
+/// namespace of resources, and a kubeconfig of the replicas' ServiceAccount bound to what
+/// `host rbac --shards` grants.
+struct Sharded {
+    cp: ControlPlane,
+    ns: String,
+    kubeconfig: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+async fn sharded(prefix: &str) -> Sharded {
+    let cp = ControlPlane::start().unwrap();
+    let root = crate::support::root();
+    kubectl_ok(
+        &cp,
+        &[
+            "apply",
+            "--server-side",
+            "-f",
+            &root.join("crds").display().to_string(),
+        ],
+    );
+    kubectl_ok(
+        &cp,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "crd",
+            "--all",
+            "--timeout=60s",
+        ],
+    );
+    let admin = cp.client().await.unwrap();
+    let ns = cp.namespace(&admin, prefix).await.unwrap();
+    kubectl_ok(&cp, &["create", "namespace", SYSTEM]);
+    let rbac = crate::support::host_ok(&[
+        "rbac",
+        "--shards",
+        "2",
+        "-n",
+        SYSTEM,
+        "--name",
+        ACCOUNT,
+        "--watch-namespace",
+        &ns,
+        "--metrics-secure=false",
+    ]);
+    apply_cluster(&cp, &rbac);
+    let token = cp
+        .service_account_token(&admin, SYSTEM, ACCOUNT)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {}\n    certificate-authority: {}\nusers:\n- name: {ACCOUNT}\n  user:\n    token: {token}\ncontexts:\n- name: test\n  context: {{ cluster: test, user: {ACCOUNT} }}\ncurrent-context: test\n",
+            cp.server(),
+            cp.ca_path().display()
+        ),
+    )
+    .unwrap();
+    Sharded {
+        cp,
+        ns,
+        kubeconfig,
+        dir,
+    }
+}
+
+/// The resources' names: fixed width, so that no name is the start of another's child's.
+fn names(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("s-{i:02}")).collect()
+}
+
+fn service(name: &str, replicas: u32) -> String {
+    WEB.replace("name: web", &format!("name: {name}"))
+        .replace("web.example.com", &format!("{name}.example.com"))
+        .replace("replicas: 2", &format!("replicas: {replicas}"))
+}
+
+fn shard_label(obj: &Value) -> Option<String> {
+    obj["metadata"]["labels"][SHARD_LABEL]
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// A write the API server accepted from one of the replicas.
+#[derive(Debug)]
+struct Write {
+    /// The replica's identity (its user agent says it).
+    by: String,
+    at: Timestamp,
+    /// `resource.group` (`services.hanzo.ai`, `deployments.apps`, `services`).
+    resource: String,
+    subresource: String,
+    name: String,
+    verb: String,
+}
+
+/// Every write to `ns` that the replicas made and the API server accepted, events aside.
+fn writes(cp: &ControlPlane, ns: &str) -> Vec<Write> {
+    cp.audit_log()
+        .iter()
+        .filter(|e| e["objectRef"]["namespace"] == ns)
+        .filter(|e| {
+            e["responseStatus"]["code"]
+                .as_i64()
+                .is_some_and(|c| c < 300)
+        })
+        .filter(|e| e["objectRef"]["resource"] != "events")
+        .filter_map(|e| {
+            let agent = e["userAgent"].as_str()?;
+            let by = agent
+                .strip_prefix("wasm-operator/")?
+                .split_once(" (")?
+                .1
+                .strip_suffix(')')?
+                .to_owned();
+            let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+            let group = text(&e["objectRef"]["apiGroup"]);
+            let resource = text(&e["objectRef"]["resource"]);
+            Some(Write {
+                by,
+                at: e["requestReceivedTimestamp"].as_str()?.parse().ok()?,
+                resource: if group.is_empty() {
+                    resource
+                } else {
+                    format!("{resource}.{group}")
+                },
+                subresource: text(&e["objectRef"]["subresource"]),
+                name: text(&e["objectRef"]["name"]),
+                verb: text(&e["verb"]),
+            })
+        })
+        .collect()
+}
+
+/// The resource among `names` an object named `object` belongs to: itself, or the one whose
+/// name starts it (its children's names do).
+fn owner_of<'a>(names: &'a [String], object: &str) -> Option<&'a String> {
+    names
+        .iter()
+        .find(|n| object == n.as_str() || object.starts_with(&format!("{n}-")))
+}
+
+/// Who wrote each object (`resource`, `name`), in turns: the replicas in the order they wrote
+/// it, each once for as long as it kept writing it. Two replicas writing one object at once
+/// would make more turns than the handoffs a test expects.
+fn turns(writes: &[Write]) -> BTreeMap<(String, String), Vec<String>> {
+    let mut sorted: Vec<&Write> = writes.iter().collect();
+    sorted.sort_by_key(|w| w.at);
+    let mut turns: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    for w in sorted {
+        let t = turns
+            .entry((w.resource.clone(), w.name.clone()))
+            .or_default();
+        if t.last() != Some(&w.by) {
+            t.push(w.by.clone());
+        }
+    }
+    turns
+}
+
+/// Whether `turns` are some turns of `expected`, in order and with none between: an object
+/// already labelled right, or with nothing to write after a handoff, has fewer.
+fn part_of(expected: &[String], turns: &[String]) -> bool {
+    !turns.is_empty() && expected.windows(turns.len()).any(|w| w == turns)
+}
+
+/// `writers` without a writer repeated right after itself.
+fn in_turn(writers: &[&str]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for w in writers {
+        if out.last().map(String::as_str) != Some(*w) {
+            out.push((*w).to_owned());
+        }
+    }
+    out
+}
+
+/// Two replicas, two shards: each holds one, every resource and child is labelled with the
+/// shard its hash names and written by its holder alone. One replica is killed: the other takes
+/// its shard within the Lease's duration and serves its resources, while those of its own shard
+/// see no write and no pause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_replicas_shard_is_taken_over_and_the_other_shard_never_notices() {
+    let cluster = sharded("shards").await;
+    let (cp, ns) = (&cluster.cp, cluster.ns.as_str());
+    let _logs = cp.logs_on_failure();
+    let mut a = Replica::start(&cluster, "replica-a", 2);
+    let b = Replica::start(&cluster, "replica-b", 2);
+    // The first to start takes both shards, then gives one back when the second joins.
+    eventually_or(
+        "each replica to hold one shard",
+        Duration::from_secs(60),
+        || a.held().len() == 1 && b.held().len() == 1,
+        || format!("a holds {:?}, b {:?}", a.held(), b.held()),
+    )
+    .await;
+    let names = names(16);
+    for n in &names {
+        apply(cp, ns, &service(n, 2));
+    }
+    for n in &names {
+        wait_ready(cp, ns, &format!("services.hanzo.ai/{n}"));
+    }
+    let sharding = Sharding {
+        count: 2,
+        by: ShardBy::Name,
+    };
+    for n in &names {
+        let want = sharding.of(ns, n).to_string();
+        let svc = get(cp, ns, &format!("services.hanzo.ai/{n}")).unwrap();
+        assert_eq!(shard_label(&svc).as_deref(), Some(want.as_str()), "{n}");
+        let deployment = get(cp, ns, &format!("deployment/{n}")).unwrap();
+        assert_eq!(
+            shard_label(&deployment).as_deref(),
+            Some(want.as_str()),
+            "{n}'s Deployment"
+        );
+    }
+    let a_shard = *a.held().iter().next().unwrap();
+    let (a_names, b_names): (Vec<&String>, Vec<&String>) =
+        names.iter().partition(|n| sharding.of(ns, n) == a_shard);
+    assert!(
+        !a_names.is_empty() && !b_names.is_empty(),
+        "both shards have resources: {a_names:?} {b_names:?}"
+    );
+    // New resources are shard 0's until labelled: its holder labels each (one write), and
+    // everything else of a resource is written by its own shard's holder alone.
+    let holder = |shard: u32| {
+        if shard == a_shard {
+            "replica-a"
+        } else {
+            "replica-b"
+        }
+    };
+    for w in writes(cp, ns) {
+        let Some(owner) = owner_of(&names, &w.name) else {
+            continue;
+        };
+        let label =
+            w.resource == "services.hanzo.ai" && w.subresource.is_empty() && w.verb == "patch";
+        let shard = if label { 0 } else { sharding.of(ns, owner) };
+        assert_eq!(w.by, holder(shard), "{w:?}");
+    }
+
+    a.kill();
+    let killed = Timestamp::now();
+    let cut = Instant::now();
+    // B's shard goes on at once: not held up for the Lease's 15 s.
+    let (b_changed, a_changed) = (b_names[0], a_names[0]);
+    apply(cp, ns, &service(b_changed, 3));
+    eventually(
+        "replica-b to apply a change in its own shard at once",
+        Duration::from_secs(10),
+        || {
+            get(cp, ns, &format!("deployment/{b_changed}"))
+                .is_some_and(|d| d["spec"]["replicas"] == 3)
+        },
+    )
+    .await;
+    println!(
+        "replica-b applied a change in its shard {:?} after the kill",
+        cut.elapsed()
+    );
+    // A's shard is taken over within the Lease's duration and one reconciliation.
+    apply(cp, ns, &service(a_changed, 3));
+    eventually(
+        "replica-b to take replica-a's shard and apply its change",
+        Duration::from_secs(30),
+        || {
+            get(cp, ns, &format!("deployment/{a_changed}"))
+                .is_some_and(|d| d["spec"]["replicas"] == 3)
+        },
+    )
+    .await;
+    let took = cut.elapsed();
+    println!("replica-b applied a change in replica-a's shard {took:?} after the kill");
+    assert_eq!(
+        b.held(),
+        BTreeSet::from([0, 1]),
+        "replica-b holds both shards"
+    );
+
+    let writes = writes(cp, ns);
+    // Each object in turn: the resource labelled by shard 0's holder, then served by its own
+    // shard's; replica-a's taken over by replica-b once, after the kill.
+    for ((resource, object), writers) in turns(&writes) {
+        let Some(owner) = owner_of(&names, &object) else {
+            continue;
+        };
+        let shard = sharding.of(ns, owner);
+        let mut expected = Vec::new();
+        if resource == "services.hanzo.ai" {
+            expected.push(holder(0));
+        }
+        expected.push(holder(shard));
+        if shard == a_shard {
+            expected.push("replica-b");
+        }
+        let expected = in_turn(&expected);
+        assert!(
+            part_of(&expected, &writers),
+            "{resource} {object} written by {writers:?} in turn; expected {expected:?}"
+        );
+    }
+    // The failover wrote nothing of B's shard but the change asked for.
+    for w in &writes {
+        let Some(owner) = owner_of(&names, &w.name) else {
+            continue;
+        };
+        if b_names.contains(&owner) && owner != b_changed {
+            assert!(
+                w.at < killed,
+                "the failover wrote {w:?} of replica-b's shard"
+            );
+        }
+    }
+    let ok = |n: &String| wait_ready(cp, ns, &format!("services.hanzo.ai/{n}"));
+    names.iter().for_each(ok);
+    drop(b);
+}
+
+/// A reshard: two replicas with two shards, then a third with three starts while they run. It
+/// takes nothing while a Lease of two shards is held; once the two stop, it takes all three and
+/// moves each resource whose shard changed, with one write of its label, and none twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reshard_moves_each_resource_once_and_never_two_shard_counts_at_once() {
+    let cluster = sharded("reshard").await;
+    let (cp, ns) = (&cluster.cp, cluster.ns.as_str());
+    let _logs = cp.logs_on_failure();
+    let mut a = Replica::start(&cluster, "replica-a", 2);
+    let mut b = Replica::start(&cluster, "replica-b", 2);
+    eventually(
+        "each replica to hold one shard",
+        Duration::from_secs(60),
+        || a.held().len() == 1 && b.held().len() == 1,
+    )
+    .await;
+    let names = names(12);
+    for n in &names {
+        apply(cp, ns, &service(n, 2));
+    }
+    for n in &names {
+        wait_ready(cp, ns, &format!("services.hanzo.ai/{n}"));
+    }
+    let (two, three) = (
+        Sharding {
+            count: 2,
+            by: ShardBy::Name,
+        },
+        Sharding {
+            count: 3,
+            by: ShardBy::Name,
+        },
+    );
+    let a_shard = *a.held().iter().next().unwrap();
+    let c = Replica::start(&cluster, "replica-c", 3);
+    // Several rounds of its campaign: it stands by.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert!(
+        c.held().is_empty(),
+        "replica-c took {:?} while replicas of two shards ran",
+        c.held()
+    );
+    assert!(
+        c.logs().contains("taking no shard"),
+        "replica-c does not say why it waits:\n{}",
+        c.logs()
+    );
+    a.stop();
+    b.stop();
+    let stopped = Timestamp::now();
+    eventually_or(
+        "replica-c to take all three shards",
+        Duration::from_secs(30),
+        || c.held().len() == 3,
+        || format!("replica-c holds {:?}", c.held()),
+    )
+    .await;
+    for n in &names {
+        let want = three.of(ns, n).to_string();
+        eventually(
+            &format!("{n} to be labelled with its shard of three"),
+            Duration::from_secs(30),
+            || {
+                get(cp, ns, &format!("deployment/{n}"))
+                    .is_some_and(|d| shard_label(&d).as_deref() == Some(want.as_str()))
+            },
+        )
+        .await;
+        wait_ready(cp, ns, &format!("services.hanzo.ai/{n}"));
+    }
+    let writes = writes(cp, ns);
+    // Each object in turn: the resource labelled by shard 0's holder of two, served by its
+    // shard's, then replica-c's alone.
+    let holder = |shard: u32| {
+        if a_shard == shard {
+            "replica-a"
+        } else {
+            "replica-b"
+        }
+    };
+    for ((resource, object), writers) in turns(&writes) {
+        let Some(owner) = owner_of(&names, &object) else {
+            continue;
+        };
+        let mut expected = Vec::new();
+        if resource == "services.hanzo.ai" {
+            expected.push(holder(0));
+        }
+        expected.push(holder(two.of(ns, owner)));
+        expected.push("replica-c");
+        let expected = in_turn(&expected);
+        assert!(
+            part_of(&expected, &writers),
+            "{resource} {object} written by {writers:?} in turn; expected {expected:?}"
+        );
+    }
+    for w in &writes {
+        if w.by == "replica-c" {
+            assert!(
+                w.at > stopped,
+                "replica-c wrote before the others stopped: {w:?}"
+            );
+        }
+    }
+    // Each resource's label written once by replica-c where its shard changed, else never.
+    let mut moved = 0;
+    for n in &names {
+        let labelled = writes
+            .iter()
+            .filter(|w| {
+                w.by == "replica-c"
+                    && w.resource == "services.hanzo.ai"
+                    && w.subresource.is_empty()
+                    && w.verb == "patch"
+                    && w.name == *n
+            })
+            .count();
+        let changed = two.of(ns, n) != three.of(ns, n);
+        assert_eq!(
+            labelled,
+            usize::from(changed),
+            "{n}: moved {labelled} times"
+        );
+        moved += labelled;
+    }
+    assert!(moved > 0, "no resource changed shard");
+    println!("{moved} of {} resources moved", names.len());
+    drop(c);
+}
