@@ -591,6 +591,16 @@ pub(super) async fn serve(
     }
     // Ready from the start, as a standby is: a replica holding no shard is one in waiting.
     metrics.set_ready(true);
+    // Plugins served as `Plugin` resources are prepared all along, as a standby does: a shard
+    // taken serves them at once, with no pull or compile.
+    let standby = settings.plugin_resources.as_ref().map(|live| {
+        super::plugins::Standby::start(
+            client.clone(),
+            live.clone(),
+            registry.context().clone(),
+            metrics.clone(),
+        )
+    });
     let api: Api<Lease> = Api::namespaced(client.clone(), &settings.lease_namespace);
     let (won_tx, mut won) = mpsc::unbounded_channel();
     let (ctl, ctl_rx) = mpsc::unbounded_channel();
@@ -631,6 +641,7 @@ pub(super) async fn serve(
                         _ = stop.wait_for(|s| *s) => {}
                     }
                 };
+                let prefetched = standby.as_ref().map(|s| s.snapshot()).unwrap_or_default();
                 running.retain(|h: &tokio::task::JoinHandle<()>| !h.is_finished());
                 running.push(tokio::spawn(async move {
                     tracing::info!(shard = index, "serving the shard");
@@ -640,7 +651,7 @@ pub(super) async fn serve(
                         metrics,
                         &shard_settings,
                         fence,
-                        BTreeMap::new(),
+                        prefetched,
                         stopped,
                     )
                     .await;
@@ -661,6 +672,9 @@ pub(super) async fn serve(
     // released.
     for pipeline in running {
         let _ = pipeline.await;
+    }
+    if let Some(standby) = standby {
+        standby.stop();
     }
     let _ = ctl.send(Ctl::Quit);
     let _ = campaign.await;

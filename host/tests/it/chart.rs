@@ -159,6 +159,35 @@ fn the_chart_installs_what_host_crds_and_host_rbac_print() {
                 "the chart's {kind} under {group} differs from `host rbac`; run scripts/generate"
             );
         }
+        // With shards, the chart grants what `host rbac --shards` adds.
+        let sharded = documents(&template(&[
+            &format!("apiGroup={group}"),
+            "pluginResources.enabled=true",
+            "sharding.shards=2",
+        ]));
+        let host_sharded = documents(&host_ok(&[
+            "rbac",
+            "--api-group",
+            group,
+            "--plugin-resources",
+            "--shards=2",
+        ]));
+        for kind in ["ClusterRole", "Role"] {
+            assert_eq!(
+                rules(&sharded, kind),
+                rules(&host_sharded, kind),
+                "the chart's {kind} with shards under {group} differs from `host rbac --shards`"
+            );
+            assert_ne!(
+                rules(&sharded, kind),
+                rules(&chart, kind),
+                "shards grant nothing more in the {kind}"
+            );
+        }
+        assert!(
+            deployment(&sharded).to_string().contains("\"--shards=2\""),
+            "the Deployment's args lack --shards=2"
+        );
         // With Plugin resources off (the default), the ClusterRole is `host rbac`'s without them.
         let default = documents(&template(&[&format!("apiGroup={group}")]));
         assert_eq!(
@@ -590,6 +619,7 @@ fn the_chart_refuses_unknown_values_and_documents_the_known_ones() {
         ("sandbox.timeout=soon", "timeout"),
         ("metrics.serviceMonitor.intervall=1m", "intervall"),
         ("policy.podSecurity=strict", "podSecurity"),
+        ("sharding.by=uid", "by"),
     ] {
         for command in [
             vec!["lint", "--strict", CHART, "--set", set],
@@ -605,6 +635,15 @@ fn the_chart_refuses_unknown_values_and_documents_the_known_ones() {
             assert!(err.contains(says), "helm {command:?}: {err}");
         }
     }
+
+    // Two replicas, three shards: one replica would hold more than its share. (`helm lint`
+    // does not run the templates' checks.)
+    let out = helm(&["template", "x", CHART, "--set", "sharding.shards=3"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("more than replicas"),
+        "helm template with 3 shards and 2 replicas: {err}"
+    );
 
     // The README, as helm-docs writes it from values.yaml now.
     let helm_docs = testenv::helm_docs().unwrap_or_else(|e| panic!("helm-docs: {e}"));

@@ -11,6 +11,9 @@ impl Loader {
         name: &str,
         registry: &Registry,
     ) -> Result<(), Refusal> {
+        if !self.writes() {
+            return Ok(());
+        }
         let crds = crate::crd::crds(registry)
             .map_err(|e| Refusal::stalled("InvalidSchema", e.to_string()))?;
         let api: Api<CustomResourceDefinition> = Api::all(self.shared.client.clone());
@@ -145,6 +148,9 @@ impl Loader {
     /// objects (contract 1.2; see [`crate::policy::admission`]): server-side applied, since
     /// their Kinds' CRDs are this Plugin's.
     pub(super) async fn install_policies(&self, registry: &Registry) -> Result<(), Refusal> {
+        if !self.writes() {
+            return Ok(());
+        }
         for object in crate::policy::admission::for_kinds(registry.kinds().map(|(_, k)| k)) {
             let kind = object["kind"].as_str().unwrap_or_default().to_owned();
             let object_name = object["metadata"]["name"]

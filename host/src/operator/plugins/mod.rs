@@ -144,6 +144,7 @@ impl Refusal {
 }
 
 /// A plugin pulled, checked and loaded, not yet served.
+#[derive(Clone)]
 pub(crate) struct Prepared {
     /// The reference pulled, pinned.
     reference: Reference,
@@ -377,6 +378,13 @@ impl Loader {
             Err(refusal) => Err(refusal),
         };
         self.settle(&o, result).await;
+    }
+
+    /// Whether this pipeline writes what Plugins need written (their CRDs, admission policies
+    /// and status): with shards, shard 0's alone, so that two replicas never write one; the
+    /// others load and serve the same plugins.
+    fn writes(&self) -> bool {
+        self.shared.shard.is_none_or(|s| s.index == 0)
     }
 
     /// Records how serving the Plugin `o` went, in its status, and when to try again.

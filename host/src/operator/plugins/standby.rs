@@ -125,6 +125,17 @@ impl Standby {
         Self { task, ready }
     }
 
+    /// What is ready now, the standby going on (with shards: for each shard taken, while the
+    /// replica goes on preparing for the next).
+    pub(crate) fn snapshot(&self) -> BTreeMap<String, Prepared> {
+        lock(&self.ready).clone()
+    }
+
+    /// Stops.
+    pub(crate) fn stop(&self) {
+        self.task.abort();
+    }
+
     /// Stops, and hands over what is ready.
     pub(crate) fn take(self) -> BTreeMap<String, Prepared> {
         self.task.abort();

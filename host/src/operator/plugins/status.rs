@@ -12,6 +12,9 @@ impl Loader {
         refusal: Option<&Refusal>,
         message: &str,
     ) {
+        if !self.writes() {
+            return;
+        }
         let now = crate::operator::status::now();
         let previous = o.data.get("status").and_then(|s| s.get("conditions"));
         let cond = |type_: &str, on: bool, reason: &str, message: &str| {
