@@ -209,7 +209,7 @@ pub fn objects(registry: &Registry, target: &Target) -> Vec<Value> {
                 "verbs": if target.sharded {
                     json!(["get", "list", "create", "update", "patch", "delete"])
                 } else {
-                    json!(["get", "create", "update"])
+                    json!(["get", "list", "create", "update"])
                 },
             }],
         }),

@@ -157,6 +157,7 @@ async fn campaign(
     fence: Arc<Fence>,
 ) {
     let mut seen: Option<(Seen, Instant)> = None;
+    let mut shards_seen = std::collections::BTreeMap::new();
     let mut last_renewal: Option<Instant> = None;
     loop {
         if leading.is_closed() {
@@ -164,9 +165,12 @@ async fn campaign(
         }
         let attempt = Instant::now();
         // A request that hangs (a partition) must not hold the loop past the deadline.
-        let result = tokio::time::timeout(RETRY, try_acquire(&api, &name, &identity, &mut seen))
-            .await
-            .unwrap_or(Err(AttemptError::NoAnswer(RETRY)));
+        let result = tokio::time::timeout(
+            RETRY,
+            try_acquire(&api, &name, &identity, &mut seen, &mut shards_seen),
+        )
+        .await
+        .unwrap_or(Err(AttemptError::NoAnswer(RETRY)));
         match result {
             Ok(true) => {
                 if last_renewal.is_none() {
@@ -236,6 +240,7 @@ async fn try_acquire(
     name: &str,
     identity: &str,
     seen: &mut Option<(Seen, Instant)>,
+    shards_seen: &mut std::collections::BTreeMap<String, (Seen, Instant)>,
 ) -> Result<bool, AttemptError> {
     let spec = |acquire: Option<MicroTime>, transitions: i32| LeaseSpec {
         holder_identity: Some(identity.to_owned()),
@@ -248,6 +253,10 @@ async fn try_acquire(
     let lease = match api.get_opt(name).await? {
         Some(lease) => lease,
         None => {
+            if let Some(holder) = shard_held(api, name, identity, shards_seen).await? {
+                tracing::info!(%identity, lease = %name, "not taking the Lease: {holder}");
+                return Ok(false);
+            }
             let lease = Lease {
                 metadata: ObjectMeta {
                     name: Some(name.to_owned()),
@@ -285,6 +294,10 @@ async fn try_acquire(
     if !ours && !expired {
         return Ok(false);
     }
+    if !ours && let Some(holder) = shard_held(api, name, identity, shards_seen).await? {
+        tracing::info!(%identity, lease = %name, "not taking the Lease: {holder}");
+        return Ok(false);
+    }
     let transitions = current.lease_transitions.unwrap_or(0) + i32::from(!ours);
     let acquire = if ours {
         current.acquire_time.clone()
@@ -300,6 +313,50 @@ async fn try_acquire(
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
         Err(e) => Err(e.into()),
     }
+}
+
+/// Who holds a shard's Lease of the operator whose single leader's Lease is `name` (replicas
+/// run with `--shards`), judged by our clock as the Lease itself is; `None` when nobody does.
+/// One leader never serves alongside shards: a reshard back to one waits for them to go.
+async fn shard_held(
+    api: &Api<Lease>,
+    name: &str,
+    identity: &str,
+    seen: &mut std::collections::BTreeMap<String, (Seen, Instant)>,
+) -> Result<Option<String>, kube::Error> {
+    let params = kube::api::ListParams::default().labels(&format!(
+        "{}={name},{}=shard",
+        super::shards::OF_LABEL,
+        super::shards::ROLE_LABEL
+    ));
+    let now = Instant::now();
+    for lease in api.list(&params).await?.items {
+        let spec = lease.spec.clone().unwrap_or_default();
+        let record = Seen {
+            holder: spec.holder_identity.clone().filter(|h| !h.is_empty()),
+            renew: spec.renew_time.as_ref().map(|t| t.0.to_string()),
+        };
+        let lease_name = lease.metadata.name.clone().unwrap_or_default();
+        let changed = match seen.get(&lease_name) {
+            Some((s, at)) if *s == record => *at,
+            _ => {
+                seen.insert(lease_name.clone(), (record.clone(), now));
+                now
+            }
+        };
+        let duration = spec
+            .lease_duration_seconds
+            .and_then(|d| u64::try_from(d).ok())
+            .map_or(LEASE_DURATION, Duration::from_secs);
+        if let Some(holder) = record.holder.filter(|h| h != identity)
+            && now.duration_since(changed) < duration
+        {
+            return Ok(Some(format!(
+                "{holder} holds the shard's Lease {lease_name}"
+            )));
+        }
+    }
+    Ok(None)
 }
 
 async fn release(api: &Api<Lease>, name: &str, identity: &str) -> Result<(), kube::Error> {

@@ -385,6 +385,7 @@ pub(super) async fn setup(
         render_wait: settings.render_wait,
         rules: settings.rules.clone(),
         shard: settings.shard,
+        labelled: Mutex::new(BTreeMap::new()),
         levels: Mutex::new(BTreeMap::new()),
     };
     let owners = shared.owners.clone();

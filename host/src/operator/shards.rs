@@ -35,9 +35,9 @@ use super::shard::{Shard, Sharding};
 use super::{Error, Metrics, Registry, Settings};
 
 /// On each of this operator's Leases: the name of its single leader's Lease (`--lease-name`).
-const OF_LABEL: &str = "wasm-operator.dev/lease-of";
+pub(super) const OF_LABEL: &str = "wasm-operator.dev/lease-of";
 /// On each of this operator's Leases: `shard` or `member`.
-const ROLE_LABEL: &str = "wasm-operator.dev/lease-role";
+pub(super) const ROLE_LABEL: &str = "wasm-operator.dev/lease-role";
 /// On a shard's Lease: the shard count of the replica that last took it.
 const SHARDS_ANNOTATION: &str = "wasm-operator.dev/shards";
 /// On a shard's Lease: its index.

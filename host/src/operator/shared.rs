@@ -72,6 +72,10 @@ pub(crate) struct Shared {
     pub rules: crate::policy::Rules,
     /// The one shard served (see [`super::shard`]); `None`: every resource.
     pub shard: Option<super::shard::Shard>,
+    /// The resources this pipeline labelled with their shard, by uid: the resourceVersion each
+    /// had then, until this pipeline sees the label (of one moved to another shard, for the
+    /// pipeline's life: an entry per resource at most).
+    pub labelled: Mutex<BTreeMap<Option<String>, Option<String>>>,
     /// The Pod Security level each namespace enforced when last read, and when that was.
     pub levels: Mutex<BTreeMap<String, (std::time::Instant, crate::policy::Level)>>,
 }

@@ -580,5 +580,50 @@ async fn a_reshard_moves_each_resource_once_and_never_two_shard_counts_at_once()
     }
     assert!(moved > 0, "no resource changed shard");
     println!("{moved} of {} resources moved", names.len());
-    drop(c);
+
+    // And back to one leader: it waits while a shard's Lease is held, then serves everything,
+    // its children no longer labelled.
+    let mut c = c;
+    let d = Replica::start(&cluster, "replica-d", 1);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert!(
+        d.logs()
+            .contains("not taking the Lease: replica-c holds the shard's Lease"),
+        "replica-d does not wait for the shards:\n{}",
+        d.logs()
+    );
+    let single = || {
+        get(cp, SYSTEM, "lease/wasm-operator")
+            .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_owned))
+    };
+    assert_eq!(
+        single(),
+        None,
+        "replica-d took the Lease while replica-c held shards"
+    );
+    c.stop();
+    let c_stopped = Timestamp::now();
+    eventually("replica-d to lead", Duration::from_secs(30), || {
+        single().as_deref() == Some("replica-d")
+    })
+    .await;
+    for n in &names {
+        eventually(
+            &format!("{n}'s Deployment to lose its shard label"),
+            Duration::from_secs(30),
+            || get(cp, ns, &format!("deployment/{n}")).is_some_and(|d| shard_label(&d).is_none()),
+        )
+        .await;
+    }
+    for w in &self::writes(cp, ns) {
+        match w.by.as_str() {
+            "replica-c" => assert!(w.at < c_stopped, "replica-c wrote after it stopped: {w:?}"),
+            "replica-d" => assert!(
+                w.at > c_stopped,
+                "replica-d wrote while replica-c served: {w:?}"
+            ),
+            _ => {}
+        }
+    }
+    drop(d);
 }

@@ -276,10 +276,24 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
         }
         let (namespace, name) = (obj.namespace().unwrap_or_default(), obj.name_any());
         if let Some(target) = shard.destination(&namespace, &name, labels) {
-            move_to_shard(obj, ctx, target).await?;
+            // Asked again before the watch shows the label written (a child changed, say): it
+            // is not written twice.
+            let version = (
+                obj.metadata.uid.clone(),
+                obj.metadata.resource_version.clone(),
+            );
+            let labelled = lock(&ctx.shared.labelled).get(&version.0) == Some(&version.1);
+            if !labelled {
+                move_to_shard(obj, ctx, target).await?;
+                let mut written = lock(&ctx.shared.labelled);
+                // What it holds is forgotten once each resource's label is seen (below).
+                written.insert(version.0, version.1);
+            }
             if target != shard.index {
                 return Ok(Action::await_change());
             }
+        } else if let Some(uid) = &obj.metadata.uid {
+            lock(&ctx.shared.labelled).remove(&Some(uid.clone()));
         }
     }
     let owner = Owner::of(obj, ctx);
