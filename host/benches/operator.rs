@@ -20,6 +20,12 @@
 //! 7. A large run on 10,000 Service resources, both phases, for the operator's peak RSS and the
 //!    time until every child is applied (`BENCH_LARGE_BARE=0` skips its bare loop).
 //!
+//! 8. Shards: the same 10,000 Service resources served by 1, 2 and 4 replicas of
+//!    `host run --shards K`, separate processes on one control plane: the time from their start
+//!    until every child is applied, each replica's peak RSS, the API server's CPU; then one
+//!    replica killed, and the time until a change in its shard is applied by another
+//!    (`BENCH_SHARDED` sets the size, 0 skips it; `BENCH_SHARDED_BARE=0` skips its bare loop).
+//!
 //! Run: `cargo bench -p host --bench operator` (N defaults to 1000; `BENCH_RESOURCES=200` for a
 //! quicker run; `BENCH_QUIET_SECS` sets the quiet period, default 60; `BENCH_MIXED` the mixed
 //! run's size, default N, 0 skips it; `BENCH_LARGE` the large run's, default 10000, 0 skips it;
@@ -799,6 +805,12 @@ async fn main() {
         println!("| operator peak RSS | {:.0} MiB | ≤ 128 MiB |", op.rss);
     }
 
+    // Shards: K replicas sharing the resources.
+    let sharded_n: usize = env_or("BENCH_SHARDED", 10_000);
+    if sharded_n > 0 {
+        sharded(&root, &registry, sharded_n).await;
+    }
+
     // Many resources: memory and time to converge, and the bare loop at that size
     // (`BENCH_LARGE_BARE=0` skips it).
     let large: usize = env_or("BENCH_LARGE", 10_000);
@@ -839,6 +851,224 @@ async fn main() {
             op.rss_ready
         );
         println!("| operator RSS at the end | {:.0} MiB | |", op.rss_end);
+    }
+}
+
+/// Starts `host run --shards K` (the release binary, its own process) as `identity` on the
+/// Leases of `ns`; returns at once (a replica of shards is ready while it waits for them).
+fn start_replica(
+    cp: &testenv::ControlPlane,
+    ns: &str,
+    port: u16,
+    identity: &str,
+    shards: u32,
+) -> KillOnDrop {
+    let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench-cache");
+    let log_path = std::env::temp_dir().join(format!("wasm-operator-{identity}.log"));
+    let log = std::fs::File::create(&log_path).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_host"))
+        .args([
+            "run",
+            "--leader-elect=true",
+            &format!("--shards={shards}"),
+            &format!("--lease-namespace={ns}"),
+            &format!("--identity={identity}"),
+            "--max-writes-in-flight=16",
+            &format!("--metrics-addr=127.0.0.1:{port}"),
+            "--metrics-secure=false",
+            &format!("--watch-namespace={ns}"),
+        ])
+        .env("KUBECONFIG", cp.kubeconfig())
+        .env("WASM_OPERATOR_CACHE", &cache)
+        .env(
+            "RUST_LOG",
+            std::env::var("BENCH_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("host run starts");
+    KillOnDrop(child)
+}
+
+/// The shards a replica says it holds (`wasm_operator_shards_held`).
+fn shards_held(port: u16) -> Vec<u32> {
+    scrape(port)
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("wasm_operator_shards_held{shard=\"")?;
+            let (index, value) = rest.split_once("\"} ")?;
+            (value.trim() == "1").then(|| index.parse().ok()).flatten()
+        })
+        .collect()
+}
+
+/// One sharded run: what it measured.
+struct ShardedRun {
+    shards: u32,
+    /// From the replicas' start until every child exists.
+    time: Duration,
+    /// Each replica's peak RSS, MiB.
+    rss: Vec<f64>,
+    /// The API server's CPU meanwhile, seconds.
+    api_cpu: f64,
+    /// The replicas' CPU meanwhile, seconds, summed.
+    host_cpu: f64,
+    /// With more than one shard: from killing the holder of a shard until a change of one of
+    /// its resources is applied by another replica; and a change in another shard right after
+    /// the kill.
+    failover: Option<(Duration, Duration)>,
+}
+
+/// The 8th measure: `n` Service resources served by K replicas (`--shards K`), each a process
+/// of its own on one control plane of its own; then, with K > 1, one replica killed.
+async fn sharded_run(root: &std::path::Path, n: usize, shards: u32) -> ShardedRun {
+    let (cp, client) = control_plane(root).await;
+    let ns = cp.namespace(&client, "sharded").await.unwrap();
+    create_resources(&client, &ns, Workload::Services(n)).await;
+    let seen = count_children(&client, &ns);
+    let ports: Vec<u16> = (0..shards).map(|_| free_port()).collect();
+    let cpu0 = machine_cpu();
+    let started = Instant::now();
+    let mut replicas: Vec<KillOnDrop> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, port)| start_replica(&cp, &ns, *port, &format!("shard-bench-{i}"), shards))
+        .collect();
+    trace(&seen, 2 * n, "sharded");
+    all_seen(seen, 2 * n, started + Duration::from_secs(900)).await;
+    let time = started.elapsed();
+    let cpu = delta(&cpu0, &machine_cpu());
+    let cpu_of = |name: &str| cpu.iter().find(|(n, _)| n == name).map_or(0.0, |(_, c)| *c);
+    let rss = replicas.iter().map(|r| peak_rss_mib(r.0.id())).collect();
+    let failover = if shards > 1 {
+        // Who holds what: each replica its share, one shard each.
+        let held: Vec<Vec<u32>> = ports.iter().map(|p| shards_held(*p)).collect();
+        let victim = held
+            .iter()
+            .position(|h| !h.is_empty())
+            .expect("a replica holds a shard");
+        let lost = held[victim][0];
+        let sharding = host::operator::shard::Sharding {
+            count: shards,
+            by: host::operator::shard::ShardBy::Name,
+        };
+        let in_shard = |want: bool| {
+            (0..n)
+                .map(|i| format!("svc-{i}"))
+                .find(|name| (sharding.of(&ns, name) == lost) == want)
+                .expect("a resource of that shard")
+        };
+        let (orphan, other) = (in_shard(true), in_shard(false));
+        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &service_ar());
+        let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+            Api::namespaced(client.clone(), &ns);
+        let scale = |name: String, replicas: i32| {
+            let (api, deployments) = (api.clone(), deployments.clone());
+            async move {
+                let patch = json!({ "spec": { "replicas": replicas } });
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .expect("resource patched");
+                let since = Instant::now();
+                loop {
+                    let now = deployments
+                        .get(&name)
+                        .await
+                        .ok()
+                        .and_then(|d| d.spec?.replicas);
+                    if now == Some(replicas) {
+                        return since.elapsed();
+                    }
+                    assert!(
+                        since.elapsed() < Duration::from_secs(120),
+                        "{name} not scaled in 2 minutes"
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        };
+        let killed = Instant::now();
+        drop(replicas.remove(victim));
+        let other_took = scale(other, 1).await;
+        scale(orphan, 1).await;
+        Some((killed.elapsed(), other_took))
+    } else {
+        None
+    };
+    for r in replicas {
+        stop(r);
+    }
+    ShardedRun {
+        shards,
+        time,
+        rss,
+        api_cpu: cpu_of("kube-apiserver"),
+        host_cpu: cpu_of("host"),
+        failover,
+    }
+}
+
+/// The sharded runs (`BENCH_SHARDED` resources, 0 skips them) with 1, 2 and 4 replicas, and
+/// their table.
+async fn sharded(root: &std::path::Path, registry: &host::registry::Registry, n: usize) {
+    let bare = if env_or("BENCH_SHARDED_BARE", 1) > 0 {
+        Some(bare_phase(root, registry, Workload::Services(n)).await.0)
+    } else {
+        None
+    };
+    let mut runs = Vec::new();
+    for shards in [1, 2, 4] {
+        let run = sharded_run(root, n, shards).await;
+        eprintln!(
+            "{shards} shard(s): {:.1} s, RSS {:?} MiB",
+            run.time.as_secs_f64(),
+            run.rss
+        );
+        runs.push(run);
+    }
+    println!(
+        "\n## Shards: {n} Service resources, {} children, K replicas of `host run --shards K` on one control plane\n",
+        2 * n
+    );
+    if let Some(bare) = &bare {
+        println!(
+            "Bare SSA loop (16 in flight, a control plane of its own): {:.1} s.\n",
+            bare.time.as_secs_f64()
+        );
+    }
+    println!(
+        "| K | from the processes' start until every child is applied | ratio to the bare loop | each replica's peak RSS | K = 1's peak / K | replicas' CPU | API server CPU | failover: a change in the killed replica's shard applied | a change in another shard, right after the kill |"
+    );
+    println!("|---:|---:|---:|---|---:|---:|---:|---:|---:|");
+    let single = runs
+        .first()
+        .and_then(|r| r.rss.first().copied())
+        .unwrap_or(0.0);
+    for r in &runs {
+        let t = r.time.as_secs_f64();
+        let ratio = bare.as_ref().map_or("".to_owned(), |b| {
+            format!("{:.2}×", t / b.time.as_secs_f64())
+        });
+        let rss = r
+            .rss
+            .iter()
+            .map(|m| format!("{m:.0}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let (over, other) = r.failover.map_or(("".to_owned(), "".to_owned()), |(o, x)| {
+            (
+                format!("{:.1} s", o.as_secs_f64()),
+                format!("{:.1} s", x.as_secs_f64()),
+            )
+        });
+        println!(
+            "| {} | {t:.1} s | {ratio} | {rss} MiB | {:.0} MiB | {:.1} s | {:.1} s | {over} | {other} |",
+            r.shards,
+            single / f64::from(r.shards),
+            r.host_cpu,
+            r.api_cpu,
+        );
     }
 }
 

@@ -59,7 +59,7 @@ pub struct RunArgs {
     /// Lease (`<lease-name>-shard-<i>`): each replica holds a fair share, and takes over the
     /// shards of a replica that died. Run at least as many replicas. 1: one leader serves
     /// everything.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub shards: u32,
     /// What decides a resource's shard: a hash of its namespace and name, or of its namespace
     /// alone (a namespace's resources are then served by one replica).

@@ -330,7 +330,17 @@ async fn shard_held(
         super::shards::ROLE_LABEL
     ));
     let now = Instant::now();
-    for lease in api.list(&params).await?.items {
+    let leases = match api.list(&params).await {
+        Ok(list) => list.items,
+        // Without the right to list Leases (RBAC from before sharding), or with a Lease name
+        // no label can hold: no shards can be running with this Lease name's RBAC and label.
+        Err(kube::Error::Api(s)) if s.code == 403 || s.code == 400 => {
+            tracing::warn!(%identity, lease = %name, "cannot list the shards' Leases ({}): taking the Lease without looking for shards; `host rbac` grants list on Leases", s.message);
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    };
+    for lease in leases {
         let spec = lease.spec.clone().unwrap_or_default();
         let record = Seen {
             holder: spec.holder_identity.clone().filter(|h| !h.is_empty()),

@@ -110,7 +110,7 @@ impl Sharding {
 
 /// A label value that names a shard: a decimal number as the operator writes it (no sign, no
 /// leading zero), so that one shard has one value and the selectors match it.
-fn label_value(v: &str) -> Option<u32> {
+pub(crate) fn label_value(v: &str) -> Option<u32> {
     let canonical = !v.is_empty()
         && v.bytes().all(|b| b.is_ascii_digit())
         && !(v.len() > 1 && v.starts_with('0'));
@@ -125,8 +125,8 @@ impl Shard {
     }
 
     /// Where the resource `namespace/name` with `labels`, this shard's, must go: `None` when it
-    /// stays here, labelled as it is; else the shard to label it with (this one, when it stays
-    /// but is not labelled so yet).
+    /// stays (its label, or no label for shard 0, says so already: nothing is written); else the
+    /// shard its hash names.
     pub fn destination(
         &self,
         namespace: &str,
@@ -137,10 +137,7 @@ impl Shard {
             return None;
         }
         let target = self.sharding.of(namespace, name);
-        let labelled = labels
-            .and_then(|l| l.get(SHARD_LABEL))
-            .is_some_and(|v| *v == target.to_string());
-        (!labelled).then_some(target)
+        (target != self.sharding.current(labels)).then_some(target)
     }
 
     /// Whether a child with `labels` is one of this shard's: its label names this shard.
@@ -248,8 +245,9 @@ mod tests {
         };
         let target = sharding.of("default", "web");
         let here = Shard { sharding, index: 0 };
-        // Unlabelled: labelled with its shard, whichever it is.
-        assert_eq!(here.destination("default", "web", None), Some(target));
+        // Unlabelled, it is shard 0's: moved if its hash names another, else left as it is.
+        let unlabelled = (target != 0).then_some(target);
+        assert_eq!(here.destination("default", "web", None), unlabelled);
         // Labelled with its shard: it stays, with no write.
         let right = labels(Some(&target.to_string()));
         assert_eq!(here.destination("default", "web", Some(&right)), None);
@@ -258,6 +256,11 @@ mod tests {
         assert_eq!(
             here.destination("default", "web", Some(&wrong)),
             Some(target)
+        );
+        // A label no shard of two has: shard 0's, moved only if the hash names another.
+        assert_eq!(
+            here.destination("default", "web", Some(&labels(Some("7")))),
+            unlabelled
         );
         // With one shard nothing is labelled.
         let one = Shard {

@@ -30,7 +30,7 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use tokio::sync::{mpsc, watch};
 
-use super::lease::{Fence, LEASE_DURATION, RENEW_DEADLINE, RETRY};
+use super::lease::{Fence, LEASE_DURATION, RENEW_DEADLINE, RETRY, WRITE_TIMEOUT};
 use super::shard::{Shard, Sharding};
 use super::{Error, Metrics, Registry, Settings};
 
@@ -40,8 +40,6 @@ pub(super) const OF_LABEL: &str = "wasm-operator.dev/lease-of";
 pub(super) const ROLE_LABEL: &str = "wasm-operator.dev/lease-role";
 /// On a shard's Lease: the shard count of the replica that last took it.
 const SHARDS_ANNOTATION: &str = "wasm-operator.dev/shards";
-/// On a shard's Lease: its index.
-const INDEX_ANNOTATION: &str = "wasm-operator.dev/shard";
 
 /// The longest `--lease-name` sharding takes: it is a label's value on every Lease.
 pub const MAX_LEASE_NAME: usize = 63;
@@ -94,6 +92,11 @@ struct Held {
     role: watch::Sender<Role>,
     /// When the last renewal that succeeded was asked for.
     renewed: Instant,
+    /// Whether the round after it was taken confirmed that no replica of another shard count
+    /// (or a single leader) took a Lease meanwhile: only then is the shard served. (Each side
+    /// looks before it takes, and the later of two that took at once sees the other's Lease
+    /// when it confirms.)
+    confirmed: bool,
 }
 
 /// A Lease's record as last seen, and when it last changed by our clock.
@@ -115,8 +118,12 @@ struct Campaign {
     seen: BTreeMap<String, (Record, Instant)>,
     held: BTreeMap<u32, Held>,
     terms: u64,
+    /// Rounds that listed the Leases.
+    rounds: u64,
     won: mpsc::UnboundedSender<Won>,
     metrics: Arc<Metrics>,
+    /// Turns true when the operator stops: no shard is taken from then on.
+    stop: watch::Receiver<bool>,
 }
 
 fn now_micro() -> MicroTime {
@@ -177,13 +184,10 @@ impl Campaign {
             (OF_LABEL.to_owned(), self.base.clone()),
             (ROLE_LABEL.to_owned(), "shard".to_owned()),
         ]);
-        meta.annotations.get_or_insert_default().extend([
-            (
-                SHARDS_ANNOTATION.to_owned(),
-                self.sharding.count.to_string(),
-            ),
-            (INDEX_ANNOTATION.to_owned(), index.to_string()),
-        ]);
+        meta.annotations.get_or_insert_default().insert(
+            SHARDS_ANNOTATION.to_owned(),
+            self.sharding.count.to_string(),
+        );
         meta
     }
 
@@ -196,6 +200,13 @@ impl Campaign {
                         (OF_LABEL.to_owned(), self.base.clone()),
                         (ROLE_LABEL.to_owned(), "member".to_owned()),
                     ]
+                    .into(),
+                ),
+                annotations: Some(
+                    [(
+                        SHARDS_ANNOTATION.to_owned(),
+                        self.sharding.count.to_string(),
+                    )]
                     .into(),
                 ),
                 ..ObjectMeta::default()
@@ -258,12 +269,15 @@ impl Campaign {
                     if lease.name_any() == self.member {
                         member_seen = true;
                     }
-                    if live {
+                    // Replicas of another shard count (a reshard under way) take no share here.
+                    let same = lease.annotations().get(SHARDS_ANNOTATION)
+                        == Some(&self.sharding.count.to_string());
+                    if live && same {
                         members += 1;
-                    } else if self
-                        .seen
-                        .get(&lease.name_any())
-                        .is_some_and(|(_, at)| now.duration_since(*at) > 4 * duration_of(&lease))
+                    } else if !live
+                        && self.seen.get(&lease.name_any()).is_some_and(|(_, at)| {
+                            now.duration_since(*at) > 4 * duration_of(&lease)
+                        })
                     {
                         stale_members.push(lease);
                     }
@@ -273,9 +287,11 @@ impl Campaign {
                     let count = annotations
                         .get(SHARDS_ANNOTATION)
                         .and_then(|v| v.parse::<u32>().ok());
-                    let index = annotations
-                        .get(INDEX_ANNOTATION)
-                        .and_then(|v| v.parse::<u32>().ok());
+                    // From its name: what an annotation says could be edited.
+                    let index = lease
+                        .name_any()
+                        .strip_prefix(&format!("{}-shard-", self.base))
+                        .and_then(super::shard::label_value);
                     let theirs = holder_of(&lease) != Some(self.identity.as_str());
                     if live && theirs && count != Some(self.sharding.count) {
                         barrier = Some(format!(
@@ -286,9 +302,7 @@ impl Campaign {
                             self.sharding.count
                         ));
                     }
-                    if let Some(index) = index.filter(|i| *i < self.sharding.count)
-                        && lease.name_any() == shard_lease(&self.base, index)
-                    {
+                    if let Some(index) = index.filter(|i| *i < self.sharding.count) {
                         shards.insert(index, lease);
                     }
                 }
@@ -300,7 +314,8 @@ impl Campaign {
             members += 1;
         }
         let members = members.max(1);
-        self.renew_held(attempt, now, &shards).await;
+        self.renew_held(attempt, now, &shards, barrier.as_deref())
+            .await;
         let fair = self
             .sharding
             .count
@@ -310,11 +325,18 @@ impl Campaign {
         let yielding = self.held.values().any(|h| *h.role.borrow() == Role::Yield);
         if self.held.len() > fair
             && !yielding
-            && let Some((index, held)) = self.held.iter().next_back()
+            && let Some((index, held)) = self.held.iter().rev().find(|(_, h)| h.confirmed)
         {
             tracing::info!(identity = %self.identity, shard = index, replicas = members,
                 "holding more than a fair share ({fair}): giving shard {index} back once its reconciliations end");
             held.role.send_replace(Role::Yield);
+        }
+        // Not in the first round: replicas that start together (a rollout, a scale-up) see each
+        // other's member Lease first, so that none takes every shard only to give most back.
+        // Nor once the operator stops.
+        self.rounds += 1;
+        if self.rounds == 1 || *self.stop.borrow() {
+            return;
         }
         if self.held.len() < fair {
             match &barrier {
@@ -340,8 +362,15 @@ impl Campaign {
         }
     }
 
-    /// Renews each shard held, as listed in `shards`.
-    async fn renew_held(&mut self, attempt: Instant, now: Instant, shards: &BTreeMap<u32, Lease>) {
+    /// Renews each shard held, as listed in `shards`; confirms each taken last round when there
+    /// is no `barrier`, else gives it back unserved.
+    async fn renew_held(
+        &mut self,
+        attempt: Instant,
+        now: Instant,
+        shards: &BTreeMap<u32, Lease>,
+        barrier: Option<&str>,
+    ) {
         let indices: Vec<u32> = self.held.keys().copied().collect();
         for index in indices {
             let name = shard_lease(&self.base, index);
@@ -370,19 +399,44 @@ impl Campaign {
                     continue;
                 }
                 None => {
-                    // Deleted meanwhile: made again, still ours.
+                    // Deleted meanwhile: made again, still ours; if another replica made it
+                    // first, this one stops at once.
                     let lease = Lease {
                         metadata: self.shard_meta(index, ObjectMeta::default()),
                         spec: Some(self.shard_spec(Some(now_micro()), 0)),
                     };
-                    self.api.create(&PostParams::default(), &lease).await
+                    let made = self.api.create(&PostParams::default(), &lease).await;
+                    if made.is_err() {
+                        tracing::warn!(identity = %self.identity, shard = index,
+                            "the shard's Lease was deleted and could not be made again; stopping the shard");
+                        self.drop_shard(index, Role::Lost);
+                        continue;
+                    }
+                    made
                 }
             };
             match renewed {
                 Ok(_) => {
-                    if let Some(held) = self.held.get_mut(&index) {
-                        held.renewed = attempt;
-                        held.fence.extend(attempt + RENEW_DEADLINE);
+                    let confirm = match self.held.get_mut(&index) {
+                        Some(held) => {
+                            held.renewed = attempt;
+                            if held.confirmed {
+                                held.fence.extend(attempt + RENEW_DEADLINE);
+                            }
+                            !held.confirmed
+                        }
+                        None => false,
+                    };
+                    if confirm {
+                        match barrier {
+                            None => self.confirm(index, attempt),
+                            Some(why) => {
+                                tracing::info!(identity = %self.identity, shard = index,
+                                    "giving back the shard just taken, unserved: {why}");
+                                self.drop_shard(index, Role::Lost);
+                                release(&self.api, &name, &self.identity).await;
+                            }
+                        }
                     }
                 }
                 Err(e) => {
@@ -411,6 +465,14 @@ impl Campaign {
             }
             let name = shard_lease(&self.base, index);
             let result = match shards.get(&index) {
+                // Deleted while a replica held it: that one may still write until the Lease's
+                // duration has passed since its last renewal seen.
+                None if self.seen.get(&name).is_some_and(|(r, at)| {
+                    r.holder.is_some() && now.duration_since(*at) < LEASE_DURATION
+                }) =>
+                {
+                    continue;
+                }
                 None => {
                     let lease = Lease {
                         metadata: self.shard_meta(index, ObjectMeta::default()),
@@ -427,7 +489,7 @@ impl Campaign {
                         .as_ref()
                         .and_then(|s| s.lease_transitions)
                         .unwrap_or(0)
-                        + 1;
+                        .saturating_add(1);
                     let mut updated = lease.clone();
                     updated.metadata = self.shard_meta(index, lease.metadata.clone());
                     updated.spec = Some(self.shard_spec(Some(now_micro()), transitions));
@@ -448,29 +510,39 @@ impl Campaign {
         }
     }
 
+    /// Holds shard `index`, taken at `attempt`: renewed from now on, served once confirmed.
     fn won(&mut self, index: u32, attempt: Instant) {
         self.terms += 1;
-        let fence = Fence::closed();
-        fence.extend(attempt + RENEW_DEADLINE);
-        let (role, rx) = watch::channel(Role::Leading);
+        let (role, _) = watch::channel(Role::Leading);
         self.held.insert(
             index,
             Held {
                 term: self.terms,
-                fence: fence.clone(),
+                fence: Fence::closed(),
                 role,
                 renewed: attempt,
+                confirmed: false,
             },
         );
-        tracing::info!(identity = %self.identity, shard = index, "took the shard's Lease");
+        tracing::info!(identity = %self.identity, shard = index, "took the shard's Lease; serving it once the next round confirms");
+    }
+
+    /// Serves shard `index`, renewed at `attempt`: its fence opens and its pipeline starts.
+    fn confirm(&mut self, index: u32, attempt: Instant) {
+        let Some(held) = self.held.get_mut(&index) else {
+            return;
+        };
+        held.confirmed = true;
+        held.fence.extend(attempt + RENEW_DEADLINE);
+        tracing::info!(identity = %self.identity, shard = index, "serving the shard");
         self.metrics.set_shard(index, true);
         self.metrics
             .set_leader(&shard_lease(&self.base, index), true);
         let _ = self.won.send(Won {
             index,
-            term: self.terms,
-            fence,
-            role: rx,
+            term: held.term,
+            fence: held.fence.clone(),
+            role: held.role.subscribe(),
         });
     }
 
@@ -500,39 +572,6 @@ impl Campaign {
         }
     }
 
-    /// Releases the Lease of shard `index` if this replica holds it, so that another takes it
-    /// at once.
-    async fn release(&self, index: u32) {
-        let name = shard_lease(&self.base, index);
-        let released = async {
-            let Some(mut lease) = self.api.get_opt(&name).await? else {
-                return Ok::<_, kube::Error>(());
-            };
-            let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-            if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
-                return Ok(());
-            }
-            spec.holder_identity = None;
-            spec.renew_time = None;
-            spec.acquire_time = None;
-            self.api
-                .replace(&name, &PostParams::default(), &lease)
-                .await?;
-            Ok(())
-        };
-        match tokio::time::timeout(RETRY, released).await {
-            Ok(Ok(())) => {
-                tracing::info!(identity = %self.identity, shard = index, "released the shard's Lease")
-            }
-            Ok(Err(e)) => {
-                tracing::warn!(identity = %self.identity, shard = index, "could not release the shard's Lease (it expires): {e}")
-            }
-            Err(_) => {
-                tracing::warn!(identity = %self.identity, shard = index, "no answer releasing the shard's Lease (it expires)")
-            }
-        }
-    }
-
     async fn run(mut self, mut ctl: mpsc::UnboundedReceiver<Ctl>) {
         loop {
             let attempt = Instant::now();
@@ -552,14 +591,28 @@ impl Campaign {
                         Some(Ctl::Stopped { index, term }) => {
                             if self.held.get(&index).is_some_and(|h| h.term == term) {
                                 self.drop_shard(index, Role::Yield);
-                                self.release(index).await;
+                                // A request of the pipeline may still be on its way (its
+                                // report workers are stopped, not waited for): released once
+                                // any would have ended, so that the next holder writes after it.
+                                let (api, identity) = (self.api.clone(), self.identity.clone());
+                                let name = shard_lease(&self.base, index);
+                                tokio::spawn(async move {
+                                    tokio::time::sleep(WRITE_TIMEOUT).await;
+                                    release(&api, &name, &identity).await;
+                                });
                             }
                         }
                         Some(Ctl::Quit) | None => {
                             let held: Vec<u32> = self.held.keys().copied().collect();
+                            for index in &held {
+                                self.drop_shard(*index, Role::Yield);
+                            }
+                            if !held.is_empty() {
+                                tokio::time::sleep(WRITE_TIMEOUT).await;
+                            }
                             for index in held {
-                                self.drop_shard(index, Role::Yield);
-                                self.release(index).await;
+                                release(&self.api, &shard_lease(&self.base, index), &self.identity)
+                                    .await;
                             }
                             let _ = tokio::time::timeout(
                                 RETRY,
@@ -571,6 +624,34 @@ impl Campaign {
                     }
                 }
             }
+        }
+    }
+}
+
+/// Releases the Lease `name` if `identity` holds it, so that another replica takes it at once
+/// (else it expires).
+async fn release(api: &Api<Lease>, name: &str, identity: &str) {
+    let released = async {
+        let Some(mut lease) = api.get_opt(name).await? else {
+            return Ok::<_, kube::Error>(());
+        };
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        if spec.holder_identity.as_deref() != Some(identity) {
+            return Ok(());
+        }
+        spec.holder_identity = None;
+        spec.renew_time = None;
+        spec.acquire_time = None;
+        api.replace(name, &PostParams::default(), &lease).await?;
+        Ok(())
+    };
+    match tokio::time::timeout(RETRY, released).await {
+        Ok(Ok(())) => tracing::info!(%identity, lease = %name, "released the shard's Lease"),
+        Ok(Err(e)) => {
+            tracing::warn!(%identity, lease = %name, "could not release the shard's Lease (it expires): {e}")
+        }
+        Err(_) => {
+            tracing::warn!(%identity, lease = %name, "no answer releasing the shard's Lease (it expires)")
         }
     }
 }
@@ -617,8 +698,10 @@ pub(super) async fn serve(
         seen: BTreeMap::new(),
         held: BTreeMap::new(),
         terms: 0,
+        rounds: 0,
         won: won_tx,
         metrics: metrics.clone(),
+        stop: stop.clone(),
     };
     tracing::info!(identity = %settings.identity, shards = sharding.count, by = %sharding.by,
         "campaigning for a fair share of the shards");
@@ -644,17 +727,26 @@ pub(super) async fn serve(
                 let prefetched = standby.as_ref().map(|s| s.snapshot()).unwrap_or_default();
                 running.retain(|h: &tokio::task::JoinHandle<()>| !h.is_finished());
                 running.push(tokio::spawn(async move {
-                    tracing::info!(shard = index, "serving the shard");
-                    let result = super::run::lead(
-                        client,
-                        registry,
-                        metrics,
-                        &shard_settings,
-                        fence,
-                        prefetched,
-                        stopped,
-                    )
-                    .await;
+                    // On a task of its own: should it panic, the shard is still given back.
+                    let pipeline = tokio::spawn(async move {
+                        super::run::lead(
+                            client,
+                            registry,
+                            metrics,
+                            &shard_settings,
+                            fence,
+                            prefetched,
+                            stopped,
+                        )
+                        .await
+                    });
+                    let result = match pipeline.await {
+                        Ok(result) => result,
+                        Err(e) => {
+                            tracing::error!(shard = index, "the shard's pipeline panicked: {e}");
+                            Ok(())
+                        }
+                    };
                     tracing::info!(shard = index, "stopped serving the shard");
                     let _ = ended_tx.send((index, term, result));
                 }));

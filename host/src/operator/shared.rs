@@ -72,10 +72,9 @@ pub(crate) struct Shared {
     pub rules: crate::policy::Rules,
     /// The one shard served (see [`super::shard`]); `None`: every resource.
     pub shard: Option<super::shard::Shard>,
-    /// The resources this pipeline labelled with their shard, by uid: the resourceVersion each
-    /// had then, until this pipeline sees the label (of one moved to another shard, for the
-    /// pipeline's life: an entry per resource at most).
-    pub labelled: Mutex<BTreeMap<Option<String>, Option<String>>>,
+    /// The resources this pipeline moved to another shard, by uid: the resourceVersion each had
+    /// then (for the pipeline's life: an entry per resource at most).
+    pub labelled: Mutex<BTreeMap<String, String>>,
     /// The Pod Security level each namespace enforced when last read, and when that was.
     pub levels: Mutex<BTreeMap<String, (std::time::Instant, crate::policy::Level)>>,
 }
@@ -137,7 +136,8 @@ impl Shared {
         Ok(level)
     }
 
-    /// Sends one write of a child (`verb`: apply, delete) within the budget of writes in flight,
+    /// Sends one write (`verb`: apply, delete) of a child or of a resource's shard label, within
+    /// the budget of writes in flight,
     /// counted in `wasm_operator_api_writes_total`.
     pub(crate) async fn write<T>(
         &self,

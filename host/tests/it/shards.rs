@@ -320,7 +320,7 @@ async fn a_killed_replicas_shard_is_taken_over_and_the_other_shard_never_notices
     let _logs = cp.logs_on_failure();
     let mut a = Replica::start(&cluster, "replica-a", 2);
     let b = Replica::start(&cluster, "replica-b", 2);
-    // The first to start takes both shards, then gives one back when the second joins.
+    // Neither takes a shard in its first round, so each sees the other and takes its share.
     eventually_or(
         "each replica to hold one shard",
         Duration::from_secs(60),
@@ -342,7 +342,9 @@ async fn a_killed_replicas_shard_is_taken_over_and_the_other_shard_never_notices
     for n in &names {
         let want = sharding.of(ns, n).to_string();
         let svc = get(cp, ns, &format!("services.hanzo.ai/{n}")).unwrap();
-        assert_eq!(shard_label(&svc).as_deref(), Some(want.as_str()), "{n}");
+        // Shard 0's resources need no label: a resource with none is shard 0's.
+        let labelled = (want != "0").then_some(want.as_str());
+        assert_eq!(shard_label(&svc).as_deref(), labelled, "{n}");
         let deployment = get(cp, ns, &format!("deployment/{n}")).unwrap();
         assert_eq!(
             shard_label(&deployment).as_deref(),
@@ -357,8 +359,8 @@ async fn a_killed_replicas_shard_is_taken_over_and_the_other_shard_never_notices
         !a_names.is_empty() && !b_names.is_empty(),
         "both shards have resources: {a_names:?} {b_names:?}"
     );
-    // New resources are shard 0's until labelled: its holder labels each (one write), and
-    // everything else of a resource is written by its own shard's holder alone.
+    // New resources are shard 0's until labelled: its holder moves those of shard 1 (one write
+    // each), and everything else of a resource is written by its own shard's holder alone.
     let holder = |shard: u32| {
         if shard == a_shard {
             "replica-a"
@@ -366,7 +368,14 @@ async fn a_killed_replicas_shard_is_taken_over_and_the_other_shard_never_notices
             "replica-b"
         }
     };
-    for w in writes(cp, ns) {
+    let before = writes(cp, ns);
+    for replica in ["replica-a", "replica-b"] {
+        assert!(
+            before.iter().any(|w| w.by == replica),
+            "{replica} wrote nothing (or its writes were not recognized)"
+        );
+    }
+    for w in before {
         let Some(owner) = owner_of(&names, &w.name) else {
             continue;
         };

@@ -151,10 +151,11 @@ pub(crate) async fn reconcile(
     result
 }
 
-/// Labels the resource `obj` with the shard `target` ([`super::shard::SHARD_LABEL`]): a
-/// server-side apply of that label alone, under a field manager of its own, by the holder of
-/// the shard the resource is in now (nobody else writes it). When `target` is another shard,
-/// its holder serves the resource from then on, and applies its children again with the label.
+/// Moves the resource `obj` to the shard `target` by labelling it so
+/// ([`super::shard::SHARD_LABEL`]): a server-side apply of that label alone, under a field
+/// manager of its own, by the holder of the shard the resource is in now (nobody else writes
+/// it). The holder of `target` serves the resource from then on, and applies its children again
+/// with that label.
 async fn move_to_shard(
     obj: &DynamicObject,
     ctx: &KindCtx,
@@ -267,7 +268,7 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
         return Ok(Action::await_change());
     }
     // With shards: a resource of this shard whose hash names another is moved there (one
-    // write of its label), and served here no more; one not labelled yet is labelled.
+    // write of its label), and served here no more.
     if let Some(shard) = ctx.shared.shard {
         let labels = obj.metadata.labels.as_ref();
         if !shard.owns(labels) {
@@ -275,26 +276,20 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
             return Ok(Action::await_change());
         }
         let (namespace, name) = (obj.namespace().unwrap_or_default(), obj.name_any());
+        let uid = obj.metadata.uid.clone().unwrap_or_default();
+        let version = obj.metadata.resource_version.clone().unwrap_or_default();
         if let Some(target) = shard.destination(&namespace, &name, labels) {
             // Asked again before the watch shows the label written (a child changed, say): it
             // is not written twice.
-            let version = (
-                obj.metadata.uid.clone(),
-                obj.metadata.resource_version.clone(),
-            );
-            let labelled = lock(&ctx.shared.labelled).get(&version.0) == Some(&version.1);
-            if !labelled {
+            let moved = lock(&ctx.shared.labelled).get(&uid) == Some(&version);
+            if !moved {
                 move_to_shard(obj, ctx, target).await?;
-                let mut written = lock(&ctx.shared.labelled);
-                // What it holds is forgotten once each resource's label is seen (below).
-                written.insert(version.0, version.1);
+                lock(&ctx.shared.labelled).insert(uid, version);
             }
-            if target != shard.index {
-                return Ok(Action::await_change());
-            }
-        } else if let Some(uid) = &obj.metadata.uid {
-            lock(&ctx.shared.labelled).remove(&Some(uid.clone()));
+            return Ok(Action::await_change());
         }
+        // Here to stay: a record of an earlier move (it came back) is let go.
+        lock(&ctx.shared.labelled).remove(&uid);
     }
     let owner = Owner::of(obj, ctx);
     let grant = match take_budget(&owner, ctx).await {
