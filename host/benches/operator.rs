@@ -631,31 +631,7 @@ async fn start_operator(
     port: u16,
     identity: &str,
 ) -> KillOnDrop {
-    let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench-cache");
-    let log_path = std::env::temp_dir().join(format!("wasm-operator-{identity}.log"));
-    let log = std::fs::File::create(&log_path).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_host"))
-        .args([
-            "run",
-            "--leader-elect=true",
-            &format!("--lease-namespace={ns}"),
-            &format!("--identity={identity}"),
-            "--max-writes-in-flight=16",
-            &format!("--metrics-addr=127.0.0.1:{port}"),
-            "--metrics-secure=false",
-            &format!("--watch-namespace={ns}"),
-        ])
-        .env("KUBECONFIG", cp.kubeconfig())
-        .env("WASM_OPERATOR_CACHE", &cache)
-        .env(
-            "RUST_LOG",
-            std::env::var("BENCH_LOG").unwrap_or_else(|_| "warn".into()),
-        )
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("host run starts");
-    let operator = KillOnDrop(child);
+    let operator = spawn_host(cp, ns, port, identity, &[]);
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
         Api::namespaced(client.clone(), ns);
     let up = Instant::now();
@@ -663,7 +639,7 @@ async fn start_operator(
         assert!(
             up.elapsed() < Duration::from_secs(60),
             "the operator did not {what}; its log: {}",
-            log_path.display()
+            host_log(identity).display()
         );
     };
     // A standby waiting for the Lease is ready too: first the Lease, then `/readyz`.
@@ -854,30 +830,34 @@ async fn main() {
     }
 }
 
-/// Starts `host run --shards K` (the release binary, its own process) as `identity` on the
-/// Leases of `ns`; returns at once (a replica of shards is ready while it waits for them).
-fn start_replica(
+/// Where the `host run` started as `identity` logs.
+fn host_log(identity: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("wasm-operator-{identity}.log"))
+}
+
+/// Starts `host run` (the release binary, its own process) with leader election on a Lease in
+/// `ns`, as `identity`, with `extra` arguments; its log goes to a file named after `identity`.
+fn spawn_host(
     cp: &testenv::ControlPlane,
     ns: &str,
     port: u16,
     identity: &str,
-    shards: u32,
+    extra: &[String],
 ) -> KillOnDrop {
     let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench-cache");
-    let log_path = std::env::temp_dir().join(format!("wasm-operator-{identity}.log"));
-    let log = std::fs::File::create(&log_path).unwrap();
+    let log = std::fs::File::create(host_log(identity)).unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_host"))
         .args([
-            "run",
-            "--leader-elect=true",
-            &format!("--shards={shards}"),
-            &format!("--lease-namespace={ns}"),
-            &format!("--identity={identity}"),
-            "--max-writes-in-flight=16",
-            &format!("--metrics-addr=127.0.0.1:{port}"),
-            "--metrics-secure=false",
-            &format!("--watch-namespace={ns}"),
+            "run".to_owned(),
+            "--leader-elect=true".to_owned(),
+            format!("--lease-namespace={ns}"),
+            format!("--identity={identity}"),
+            "--max-writes-in-flight=16".to_owned(),
+            format!("--metrics-addr=127.0.0.1:{port}"),
+            "--metrics-secure=false".to_owned(),
+            format!("--watch-namespace={ns}"),
         ])
+        .args(extra)
         .env("KUBECONFIG", cp.kubeconfig())
         .env("WASM_OPERATOR_CACHE", &cache)
         .env(
@@ -891,16 +871,21 @@ fn start_replica(
     KillOnDrop(child)
 }
 
+/// Starts `host run --shards K` (the release binary, its own process) as `identity` on the
+/// Leases of `ns`; returns at once (a replica of shards is ready while it waits for them).
+fn start_replica(
+    cp: &testenv::ControlPlane,
+    ns: &str,
+    port: u16,
+    identity: &str,
+    shards: u32,
+) -> KillOnDrop {
+    spawn_host(cp, ns, port, identity, &[format!("--shards={shards}")])
+}
+
 /// The shards a replica says it holds (`wasm_operator_shards_held`).
 fn shards_held(port: u16) -> Vec<u32> {
-    scrape(port)
-        .lines()
-        .filter_map(|l| {
-            let rest = l.strip_prefix("wasm_operator_shards_held{shard=\"")?;
-            let (index, value) = rest.split_once("\"} ")?;
-            (value.trim() == "1").then(|| index.parse().ok()).flatten()
-        })
-        .collect()
+    testenv::shards_held(&scrape(port))
 }
 
 /// One sharded run: what it measured.

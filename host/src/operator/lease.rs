@@ -369,7 +369,12 @@ async fn shard_held(
     Ok(None)
 }
 
-async fn release(api: &Api<Lease>, name: &str, identity: &str) -> Result<(), kube::Error> {
+/// Gives up the Lease `name` if `identity` holds it (nothing when another does, or it is gone).
+pub(super) async fn release(
+    api: &Api<Lease>,
+    name: &str,
+    identity: &str,
+) -> Result<(), kube::Error> {
     let Some(mut lease) = api.get_opt(name).await? else {
         return Ok(());
     };

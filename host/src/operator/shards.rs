@@ -631,21 +631,7 @@ impl Campaign {
 /// Releases the Lease `name` if `identity` holds it, so that another replica takes it at once
 /// (else it expires).
 async fn release(api: &Api<Lease>, name: &str, identity: &str) {
-    let released = async {
-        let Some(mut lease) = api.get_opt(name).await? else {
-            return Ok::<_, kube::Error>(());
-        };
-        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-        if spec.holder_identity.as_deref() != Some(identity) {
-            return Ok(());
-        }
-        spec.holder_identity = None;
-        spec.renew_time = None;
-        spec.acquire_time = None;
-        api.replace(name, &PostParams::default(), &lease).await?;
-        Ok(())
-    };
-    match tokio::time::timeout(RETRY, released).await {
+    match tokio::time::timeout(RETRY, super::lease::release(api, name, identity)).await {
         Ok(Ok(())) => tracing::info!(%identity, lease = %name, "released the shard's Lease"),
         Ok(Err(e)) => {
             tracing::warn!(%identity, lease = %name, "could not release the shard's Lease (it expires): {e}")

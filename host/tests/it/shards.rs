@@ -72,13 +72,8 @@ impl Replica {
 
     /// The shards this replica says it holds (`wasm_operator_shards_held`).
     fn held(&self) -> BTreeSet<u32> {
-        http_get(self.metrics, "/metrics")
-            .lines()
-            .filter_map(|l| {
-                let rest = l.strip_prefix("wasm_operator_shards_held{shard=\"")?;
-                let (index, value) = rest.split_once("\"} ")?;
-                (value.trim() == "1").then(|| index.parse().ok()).flatten()
-            })
+        testenv::shards_held(&http_get(self.metrics, "/metrics"))
+            .into_iter()
             .collect()
     }
 

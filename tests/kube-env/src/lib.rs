@@ -102,6 +102,19 @@ impl std::fmt::Debug for ControlPlane {
     }
 }
 
+/// The shards a replica says it holds, read from its `/metrics` text
+/// (`wasm_operator_shards_held{shard="i"} 1`).
+pub fn shards_held(metrics: &str) -> Vec<u32> {
+    metrics
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("wasm_operator_shards_held{shard=\"")?;
+            let (index, value) = rest.split_once("\"} ")?;
+            (value.trim() == "1").then(|| index.parse().ok()).flatten()
+        })
+        .collect()
+}
+
 /// A free port on loopback, outside the range outgoing connections draw from.
 pub fn free_port() -> Result<u16> {
     // A port the kernel hands out for bind(0) lies in the ephemeral range, which outgoing
