@@ -30,7 +30,7 @@
 //! quicker run; `BENCH_QUIET_SECS` sets the quiet period, default 60; `BENCH_MIXED` the mixed
 //! run's size, default N, 0 skips it; `BENCH_LARGE` the large run's, default 10000, 0 skips it;
 //! `BENCH_TRACE=1` prints the children seen every 0.1 s; `BENCH_LOG` is the operator's
-//! `RUST_LOG`).
+//! `RUST_LOG`; `BENCH_HOST_BIN` runs another `host` binary, such as a release's static one).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -846,7 +846,7 @@ fn spawn_host(
 ) -> KillOnDrop {
     let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench-cache");
     let log = std::fs::File::create(host_log(identity)).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_host"))
+    let child = Command::new(host_binary())
         .args([
             "run".to_owned(),
             "--leader-elect=true".to_owned(),
@@ -869,6 +869,12 @@ fn spawn_host(
         .spawn()
         .expect("host run starts");
     KillOnDrop(child)
+}
+
+/// The `host` binary the operator phases run: this build's, or `BENCH_HOST_BIN` (such as the
+/// static musl binary of a release, which is what the image runs).
+fn host_binary() -> std::ffi::OsString {
+    std::env::var_os("BENCH_HOST_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_host").into())
 }
 
 /// Starts `host run --shards K` (the release binary, its own process) as `identity` on the

@@ -27,7 +27,8 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::discovery::ApiResource;
 use kube::runtime::events::{Event, Recorder};
 use prometheus_client::metrics::gauge::Gauge;
-use serde_json::{Value, json};
+use serde_json::Value;
+use serde_json::value::RawValue;
 use tokio::sync::Notify;
 
 use super::children::Applies;
@@ -71,7 +72,9 @@ impl std::fmt::Display for Key {
 #[derive(Debug, Clone)]
 struct StatusWrite {
     ar: ApiResource,
-    status: Value,
+    /// Kept as JSON text: in a burst of new resources thousands wait here, and a status as a
+    /// tree of values takes several times the memory of its text.
+    status: Box<RawValue>,
     not_before: Instant,
     /// Failed writes in a row of this resource's status.
     failures: u32,
@@ -156,9 +159,22 @@ impl Queue {
     }
 }
 
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one at a time, popped and written at once: its size costs nothing"
+)]
 enum Work {
     Status(Key, StatusWrite),
     Event(Event, ObjectReference, String),
+}
+
+/// The body of a status write.
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct StatusPatch<'a> {
+    api_version: &'a str,
+    kind: &'a str,
+    status: &'a RawValue,
 }
 
 /// The queue of reports and the workers that write them.
@@ -211,13 +227,20 @@ impl Reports {
         lock(&self.queue)
             .statuses
             .get(key)
-            .map(|w| w.status.clone())
+            .and_then(|w| serde_json::from_str(w.status.get()).ok())
     }
 
     /// Asks for `status` to be written for the resource `key` (of `ar`), replacing any status
     /// for it not yet written, no sooner than `hold` from now (and no later than the status it
     /// replaces was due).
     pub(crate) fn status(&self, key: Key, ar: &ApiResource, status: Value, hold: Duration) {
+        let status = match serde_json::value::to_raw_value(&status) {
+            Ok(status) => status,
+            Err(e) => {
+                tracing::error!(resource = %key, "status not written: {e}");
+                return;
+            }
+        };
         let write = StatusWrite {
             ar: ar.clone(),
             status,
@@ -335,11 +358,11 @@ impl Reports {
         let api: Api<DynamicObject> =
             Api::namespaced_with(self.client.clone(), &key.namespace, &write.ar);
         metrics.write("apply_status", &key.controller);
-        let patch = json!({
-            "apiVersion": write.ar.api_version,
-            "kind": write.ar.kind,
-            "status": write.status,
-        });
+        let patch = StatusPatch {
+            api_version: &write.ar.api_version,
+            kind: &write.ar.kind,
+            status: &write.status,
+        };
         match self
             .fence
             .bounded(api.patch_status(
@@ -382,6 +405,7 @@ impl Reports {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn key(name: &str) -> Key {
         Key {
@@ -396,7 +420,7 @@ mod tests {
             ar: ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
                 "hanzo.ai", "v1", "Service",
             )),
-            status: json!({ "message": status }),
+            status: serde_json::value::to_raw_value(&json!({ "message": status })).unwrap(),
             not_before,
             failures: 0,
         }
@@ -415,7 +439,10 @@ mod tests {
 
     fn popped_status(q: &mut Queue, now: Instant) -> (String, Value) {
         match q.pop(now) {
-            Ok(Work::Status(k, w)) => (k.name, w.status["message"].clone()),
+            Ok(Work::Status(k, w)) => {
+                let status: Value = serde_json::from_str(w.status.get()).unwrap();
+                (k.name, status["message"].clone())
+            }
             Ok(Work::Event(..)) => panic!("an event, not a status"),
             Err(e) => panic!("nothing due: {e:?}"),
         }

@@ -3,6 +3,10 @@
 //! component's `describe` returned, keyed by its sha256 and the context, so that a second start
 //! does not call it again.
 //!
+//! A plugin given as a file is known by the sha256 of its bytes; so that a load from the cache
+//! does not read and hash the whole file again, the cache also remembers, per file, the digest
+//! it had and what `stat` said of it then (see [`Cache::file_digest`]).
+//!
 //! Every use of an entry renews its modification time; whenever the host writes an entry it
 //! removes the entries nobody has used for [`MAX_AGE`] (old plugin versions, other wasmtime
 //! versions), so the directory does not grow without bound.
@@ -12,8 +16,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
-use serde::Serialize;
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::Component;
@@ -179,7 +183,7 @@ impl Cache {
             let path = entry.path();
             let name = entry.file_name();
             let name = name.to_string_lossy();
-            let ours = [".cwasm", ".describe.json", ".tmp"];
+            let ours = [".cwasm", ".describe.json", ".file.json", ".tmp"];
             if !ours.iter().any(|suffix| name.ends_with(suffix)) {
                 continue;
             }
@@ -207,15 +211,139 @@ impl Cache {
     }
 }
 
+/// How long after a file's last change (its modification or status change time, whichever is
+/// later) a digest must have been recorded to be trusted: a file changed again within the same
+/// timestamp tick as the recording would otherwise look unchanged (the "racy" case git's index
+/// handles the same way). Two seconds covers the coarsest timestamps (FAT's).
+const SETTLED: Duration = Duration::from_secs(2);
+
+/// What `stat` says of a file: any write, rename over it or change of its times changes one of
+/// these (a status change time cannot be set by its owner).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct FileStamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    /// Nanoseconds since the epoch.
+    modified: i128,
+    /// Nanoseconds since the epoch.
+    changed: i128,
+}
+
+impl FileStamp {
+    /// The stamp of a file, where the platform says enough of it (Unix); elsewhere none, and
+    /// files are hashed at every load.
+    #[cfg(unix)]
+    pub(crate) fn of(meta: &std::fs::Metadata) -> Option<Self> {
+        use std::os::unix::fs::MetadataExt as _;
+        let ns = |secs: i64, nanos: i64| i128::from(secs) * 1_000_000_000 + i128::from(nanos);
+        Some(Self {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            modified: ns(meta.mtime(), meta.mtime_nsec()),
+            changed: ns(meta.ctime(), meta.ctime_nsec()),
+        })
+    }
+
+    #[cfg(not(unix))]
+    pub(crate) fn of(_meta: &std::fs::Metadata) -> Option<Self> {
+        None
+    }
+
+    /// The file's size in bytes.
+    pub(crate) fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Whether a digest recorded at `recorded` (nanoseconds since the epoch) can be trusted for
+    /// a file with this stamp: it was recorded [`SETTLED`] after the file's last change.
+    fn settled_before(&self, recorded: i128) -> bool {
+        let settled = i128::try_from(SETTLED.as_nanos()).unwrap_or(i128::MAX);
+        self.modified.max(self.changed).saturating_add(settled) <= recorded
+    }
+}
+
+/// The digest a file had, with its path and stamp then, and when it was recorded.
+#[derive(Serialize, Deserialize)]
+struct FileDigest {
+    path: PathBuf,
+    stamp: FileStamp,
+    /// Nanoseconds since the epoch.
+    recorded: i128,
+    sha256: String,
+}
+
+fn nanos_since_epoch(t: SystemTime) -> i128 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| i128::try_from(d.as_nanos()).unwrap_or(i128::MAX))
+}
+
+impl Cache {
+    /// Where what is known of the file at `path` (absolute) lives.
+    fn file_digest_path(&self, path: &Path) -> PathBuf {
+        let h = Sha256::digest(path.as_os_str().as_encoded_bytes());
+        self.dir
+            .join(format!("{}.file.json", crate::units::hex(&h[..16])))
+    }
+
+    /// The sha256 (hex) the file at `path` had when this cache last recorded it, if `stamp`
+    /// (what `stat` says of it now) is the one recorded with it and the recording came
+    /// [`SETTLED`] after the file's last change. Nothing of the file itself is read.
+    pub(crate) fn file_digest(&self, path: &Path, stamp: &FileStamp) -> Option<String> {
+        let entry = self.file_digest_path(path);
+        let bytes = std::fs::read(&entry).ok()?;
+        let known: FileDigest = serde_json::from_slice(&bytes).ok()?;
+        let trusted = known.path == path
+            && known.stamp == *stamp
+            && stamp.settled_before(known.recorded)
+            && crate::oci::is_digest(&format!("sha256:{}", known.sha256));
+        trusted.then(|| {
+            touch(&entry);
+            known.sha256
+        })
+    }
+
+    /// Records that the file at `path` (absolute), with `stamp` as `stat` said before its bytes
+    /// were read, has this sha256; `now` is when the read began. A failure is logged and
+    /// skipped. A record that is not [`SETTLED`] is written all the same (a later load records
+    /// again), but not trusted.
+    pub(crate) fn store_file_digest_at(
+        &self,
+        path: &Path,
+        stamp: FileStamp,
+        sha256: &str,
+        now: SystemTime,
+    ) {
+        let entry = self.file_digest_path(path);
+        let record = FileDigest {
+            path: path.to_path_buf(),
+            stamp,
+            recorded: nanos_since_epoch(now),
+            sha256: sha256.to_owned(),
+        };
+        let written = serde_json::to_vec(&record)
+            .map_err(std::io::Error::other)
+            .and_then(|json| self.write_entry(&entry, &json));
+        if let Err(e) = written {
+            tracing::warn!(path = %entry.display(), "cannot cache a plugin file's digest: {e}");
+        }
+    }
+}
+
 /// Marks a cache entry as used now (its modification time; its contents are not touched).
 fn touch(path: &Path) {
-    let renewed = std::fs::File::options()
-        .append(true)
-        .open(path)
-        .and_then(|f| f.set_modified(SystemTime::now()));
-    if let Err(e) = renewed {
+    if let Err(e) = set_modified(path, SystemTime::now()) {
         tracing::debug!(path = %path.display(), "cannot mark a cache entry as used: {e}");
     }
+}
+
+/// Sets the modification time of the file at `path`, leaving its contents as they are.
+fn set_modified(path: &Path, time: SystemTime) -> std::io::Result<()> {
+    std::fs::File::options()
+        .append(true)
+        .open(path)
+        .and_then(|f| f.set_modified(time))
 }
 
 /// Writes through a temporary file unique to this call, then renames, so that readers see
@@ -228,4 +356,106 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let tmp = dir.join(format!(".{}-{unique}.tmp", std::process::id()));
     std::fs::write(&tmp, bytes)?;
     std::fs::rename(&tmp, path)
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+    use crate::plugin::{BUILTINS, Limits, Runtime};
+
+    fn stamp(path: &Path) -> FileStamp {
+        FileStamp::of(&std::fs::metadata(path).unwrap()).expect("a Unix stamp")
+    }
+
+    #[test]
+    fn a_files_digest_is_trusted_only_once_settled_and_for_the_same_file_unchanged() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Cache::new(dir.path().join("cache"));
+        let file = dir.path().join("p.wasm");
+        std::fs::write(&file, b"one").unwrap();
+        let digest = "a".repeat(64);
+
+        // Recorded in the same tick as the file's last change: not trusted.
+        cache.store_file_digest_at(&file, stamp(&file), &digest, SystemTime::now());
+        assert_eq!(cache.file_digest(&file, &stamp(&file)), None);
+
+        // Recorded once settled: trusted, for this path and stamp only.
+        let later = SystemTime::now() + SETTLED;
+        cache.store_file_digest_at(&file, stamp(&file), &digest, later);
+        assert_eq!(
+            cache.file_digest(&file, &stamp(&file)),
+            Some(digest.clone())
+        );
+        let other = dir.path().join("q.wasm");
+        std::fs::write(&other, b"one").unwrap();
+        assert_eq!(cache.file_digest(&other, &stamp(&file)), None);
+
+        // Recorded long after: only the stamp can refuse it now. Bytes of another size, or a
+        // file of the same size renamed over it with the same modification time, change it.
+        let far = SystemTime::now() + Duration::from_secs(3600);
+        cache.store_file_digest_at(&file, stamp(&file), &digest, far);
+        assert_eq!(
+            cache.file_digest(&file, &stamp(&file)),
+            Some(digest.clone())
+        );
+        let modified = std::fs::metadata(&file).unwrap().modified().unwrap();
+        std::fs::write(&other, b"two").unwrap();
+        set_modified(&other, modified).unwrap();
+        std::fs::rename(&other, &file).unwrap();
+        assert_eq!(cache.file_digest(&file, &stamp(&file)), None);
+        cache.store_file_digest_at(&file, stamp(&file), &digest, far);
+        std::fs::write(&file, b"three").unwrap();
+        let after = stamp(&file);
+        assert_eq!(cache.file_digest(&file, &after), None);
+
+        // An entry that is not a digest is not trusted.
+        cache.store_file_digest_at(&file, after.clone(), "../x", far);
+        assert_eq!(cache.file_digest(&file, &after), None);
+    }
+
+    #[test]
+    fn a_plugin_file_loads_by_its_recorded_digest_and_again_from_its_bytes_once_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Cache::new(dir.path().join("cache"));
+        let runtime = Runtime::new(Limits::default(), Some(cache.clone())).unwrap();
+        let ctx = Context::default();
+        let builtin = |name: &str| BUILTINS.iter().find(|b| b.name == name).unwrap();
+        let (kvcluster, service) = (builtin("kvcluster"), builtin("service"));
+        let file = dir.path().join("p.wasm");
+        std::fs::write(&file, kvcluster.wasm).unwrap();
+        let absolute = std::path::absolute(&file).unwrap();
+
+        // The first load reads and hashes the file and records its digest.
+        let first = runtime.load_file(&file, &ctx).unwrap();
+        assert_eq!(first.sha256(), kvcluster.sha256);
+        assert!(!first.from_cache());
+        let recorded: FileDigest =
+            serde_json::from_slice(&std::fs::read(cache.file_digest_path(&absolute)).unwrap())
+                .unwrap();
+        assert_eq!(recorded.sha256, kvcluster.sha256);
+
+        // Once the record is settled, the file is not read: shown by a record that names
+        // another compiled component, which is what loads.
+        runtime.load_file(&file, &ctx).unwrap();
+        let elsewhere = dir.path().join("service.wasm");
+        std::fs::write(&elsewhere, service.wasm).unwrap();
+        runtime.load_file(&elsewhere, &ctx).unwrap();
+        let later = SystemTime::now() + SETTLED;
+        cache.store_file_digest_at(&absolute, stamp(&file), service.sha256, later);
+        let by_digest = runtime.load_file(&file, &ctx).unwrap();
+        assert_eq!(by_digest.sha256(), service.sha256);
+        assert!(by_digest.from_cache());
+
+        // The file changed (replaced by the same bytes, a new file renamed over it): it is
+        // read again, whatever was recorded for its old stamp.
+        let far = SystemTime::now() + Duration::from_secs(3600);
+        cache.store_file_digest_at(&absolute, stamp(&file), service.sha256, far);
+        let replacement = dir.path().join("p.wasm.new");
+        std::fs::write(&replacement, kvcluster.wasm).unwrap();
+        std::fs::rename(&replacement, &file).unwrap();
+        assert_eq!(
+            runtime.load_file(&file, &ctx).unwrap().sha256(),
+            kvcluster.sha256
+        );
+    }
 }

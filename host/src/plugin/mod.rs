@@ -22,6 +22,7 @@ use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 pub use builtin::{BUILTINS, Builtin};
+use cache::FileStamp;
 pub use cache::{Cache, default_cache_dir};
 
 pub use error::PluginError;
@@ -241,18 +242,54 @@ impl Runtime {
         }
     }
 
-    /// Loads a plugin from a file.
+    /// Loads a plugin from a file. With a compile cache, a file whose digest the cache recorded
+    /// and that `stat` says is unchanged since is not read: its compiled form is found by that
+    /// digest (see [`Cache::file_digest`]). Otherwise it is read and hashed, and its digest
+    /// recorded for the next load.
     pub fn load_file(&self, path: &Path, ctx: &Context) -> Result<Plugin> {
-        let bytes = std::fs::read(path).map_err(|source| Error::ReadPlugin {
+        let source = path.display().to_string();
+        let unreadable = |source| Error::ReadPlugin {
             path: path.to_path_buf(),
             source,
-        })?;
-        self.load(&bytes, &path.display().to_string(), ctx)
+        };
+        let Some(cache) = &self.cache else {
+            let bytes = std::fs::read(path).map_err(unreadable)?;
+            return self.load(&bytes, &source, ctx);
+        };
+        // The digest is recorded under the absolute path, so that a relative one given from
+        // another directory does not find it. The file is opened once, and its stamp and bytes
+        // come from that one handle: a symlink switched meanwhile cannot pair one file's stamp
+        // with another's digest. The recording time is taken before the open, so a record is
+        // settled only if the whole read came after the file's last change.
+        let absolute = std::path::absolute(path).map_err(unreadable)?;
+        let opened_at = std::time::SystemTime::now();
+        let mut file = std::fs::File::open(&absolute).map_err(unreadable)?;
+        let stamp = FileStamp::of(&file.metadata().map_err(unreadable)?);
+        if let Some(stamp) = &stamp
+            && let Some(sha256) = cache.file_digest(&absolute, stamp)
+            && let Some(loaded) = self.load_compiled(
+                &sha256,
+                usize::try_from(stamp.size()).unwrap_or(usize::MAX),
+                &source,
+                ctx,
+            )
+        {
+            return loaded;
+        }
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut file, &mut bytes).map_err(unreadable)?;
+        let sha256 = sha256_hex(&bytes);
+        if let Some(stamp) = stamp {
+            // The stamp from before the read: a file changed while it was read has another
+            // stamp now, so the next load reads it again.
+            cache.store_file_digest_at(&absolute, stamp, &sha256, opened_at);
+        }
+        self.load_hashed(&bytes, sha256, &source, ctx)
     }
 
     /// Loads a plugin from its bytes; `source` names it in errors (a path, or `built-in service`).
     pub fn load(&self, wasm: &[u8], source: &str, ctx: &Context) -> Result<Plugin> {
-        self.load_hashed(wasm, crate::units::hex(&Sha256::digest(wasm)), source, ctx)
+        self.load_hashed(wasm, sha256_hex(wasm), source, ctx)
     }
 
     /// Loads a plugin built into the host (named `built-in <name>` in errors); its sha256 was
@@ -285,7 +322,7 @@ impl Runtime {
         source: &str,
         ctx: &Context,
     ) -> std::result::Result<(Plugin, Anatomy), LoadFailure> {
-        self.load_steps(wasm, crate::units::hex(&Sha256::digest(wasm)), source, ctx)
+        self.load_steps(wasm, sha256_hex(wasm), source, ctx)
     }
 
     fn load_steps(
@@ -323,21 +360,30 @@ impl Runtime {
         source: &str,
         ctx: &Context,
     ) -> Result<Plugin> {
-        let failed = |failure: LoadFailure| Error::Load {
-            plugin: source.to_owned(),
-            reason: failure.reason,
-        };
-        if let Some(component) = self
-            .cache
-            .as_ref()
-            .and_then(|cache| cache.load_compiled(&self.engine, sha256))
-        {
-            return self
-                .link(component, true, sha256.to_owned(), size, source, ctx)
-                .map(|(plugin, _)| plugin)
-                .map_err(failed);
+        match self.load_compiled(sha256, size, source, ctx) {
+            Some(loaded) => loaded,
+            None => self.load_hashed(&wasm()?, sha256.to_owned(), source, ctx),
         }
-        self.load_hashed(&wasm()?, sha256.to_owned(), source, ctx)
+    }
+
+    /// Loads the plugin whose bytes have this `sha256` (hex) and `size` from the compile cache
+    /// alone, if it holds it (`None`: it does not, or there is no cache).
+    fn load_compiled(
+        &self,
+        sha256: &str,
+        size: usize,
+        source: &str,
+        ctx: &Context,
+    ) -> Option<Result<Plugin>> {
+        let component = self.cache.as_ref()?.load_compiled(&self.engine, sha256)?;
+        Some(
+            self.link(component, true, sha256.to_owned(), size, source, ctx)
+                .map(|(plugin, _)| plugin)
+                .map_err(|failure| Error::Load {
+                    plugin: source.to_owned(),
+                    reason: failure.reason,
+                }),
+        )
     }
 
     /// The steps of a load after the compile: what the component is, its exports and imports
@@ -891,6 +937,11 @@ fn parse_manifests(
             }),
         })
         .collect()
+}
+
+/// The sha256 of `bytes`, in hex: what the compile cache knows a component by.
+fn sha256_hex(bytes: &[u8]) -> String {
+    crate::units::hex(&Sha256::digest(bytes))
 }
 
 #[cfg(test)]
