@@ -72,7 +72,8 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 16)]
     pub concurrency: u16,
     /// Applies and deletes in flight at once, across every Kind: what the operator may ask of
-    /// the API server at a time, however many reconciliations run.
+    /// the API server at a time, however many reconciliations run. A ceiling: the limit in use
+    /// halves while writes take over a second and grows back with quick answers.
     #[arg(long, default_value_t = 16)]
     pub max_writes_in_flight: u16,
     /// The memory all plugin calls in flight may need together, such as 320Mi. Each call counts

@@ -277,6 +277,9 @@ pub struct Metrics {
     pub plugins_prefetched: Gauge,
     /// `wasm_operator_reports_pending`: status writes and events queued or being written.
     pub reports_pending: Gauge,
+    /// `wasm_operator_api_writes_limit`: how many applies and deletes may be in flight now
+    /// (at most `--max-writes-in-flight`, fewer while the API server answers slowly).
+    pub writes_limit: Gauge,
     /// `leader_election_master_status`: 1 while this replica leads, by Lease.
     pub leader: Family<LeaseLabels, Gauge>,
     /// `wasm_operator_shards_held`: whether this replica holds each shard (1) or not (0), by
@@ -348,6 +351,14 @@ impl Default for Metrics {
         let report_errors = Family::<WriteLabels, Counter>::default();
         let plugins_prefetched = Gauge::default();
         let reports_pending = Gauge::default();
+        let writes_limit = Gauge::default();
+        register(
+            &mut registry,
+            &mut series,
+            "wasm_operator_api_writes_limit",
+            "Applies and deletes that may be in flight now: at most --max-writes-in-flight, fewer while the API server answers slowly",
+            writes_limit.clone(),
+        );
         register(
             &mut registry,
             &mut series,
@@ -548,6 +559,7 @@ impl Default for Metrics {
             report_errors,
             plugins_prefetched,
             reports_pending,
+            writes_limit,
             ready: AtomicBool::new(false),
             any_failing: AtomicBool::new(false),
             health,

@@ -33,6 +33,7 @@ pub mod shards;
 mod shared;
 mod status;
 mod watches;
+mod writes;
 
 use controllers::*;
 use discovery::*;

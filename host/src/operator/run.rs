@@ -46,9 +46,18 @@ pub async fn run(
         tracing::info!(%addr, "serving /healthz, /readyz and /metrics");
     }
 
+    // One limit of writes in flight for the replica, whichever shards it serves.
+    let writes = Arc::new(writes::Writes::new(
+        settings.max_writes_in_flight,
+        metrics.writes_limit.clone(),
+    ));
+
     // Shards: each replica serves the shards it holds.
     if let Some(sharding) = settings.sharding.filter(|s| s.count > 1) {
-        return super::shards::serve(client, registry, settings, sharding, metrics, stop_rx).await;
+        return super::shards::serve(
+            client, registry, settings, sharding, metrics, writes, stop_rx,
+        )
+        .await;
     }
 
     // Leader election: only the leader reconciles; the others wait. Without it, this replica
@@ -122,7 +131,10 @@ pub async fn run(
     lead(
         client,
         registry,
-        metrics.clone(),
+        Replica {
+            metrics: metrics.clone(),
+            writes,
+        },
         &settings,
         fence,
         prefetched,
@@ -143,13 +155,20 @@ pub async fn run(
     Ok(())
 }
 
+/// What every pipeline of a replica shares: its metrics, and its writes in flight.
+#[derive(Clone)]
+pub(super) struct Replica {
+    pub metrics: Arc<Metrics>,
+    pub writes: Arc<writes::Writes>,
+}
+
 /// Serves as the leader (or as the holder of one shard, `settings.shard`) until `stop`
 /// resolves, writing through `fence`; then lets every controller finish and what they had to
 /// report be sent.
 pub(super) async fn lead(
     client: kube::Client,
     registry: Registry,
-    metrics: Arc<Metrics>,
+    Replica { metrics, writes }: Replica,
     settings: &Settings,
     fence: Arc<lease::Fence>,
     mut prefetched: BTreeMap<String, plugins::Prepared>,
@@ -159,6 +178,7 @@ pub(super) async fn lead(
         client.clone(),
         registry,
         metrics.clone(),
+        writes,
         settings,
         fence.clone(),
     )
@@ -284,6 +304,7 @@ pub(super) async fn setup(
     client: kube::Client,
     registry: Registry,
     metrics: Arc<Metrics>,
+    writes: Arc<writes::Writes>,
     settings: &Settings,
     fence: Arc<lease::Fence>,
 ) -> Result<(Shared, Vec<children::Writer>), Error> {
@@ -377,7 +398,7 @@ pub(super) async fn setup(
         owned: Mutex::new(OwnerIndex::default()),
         waiting: Mutex::new(Waiting::default()),
         failures: Mutex::new(BTreeMap::new()),
-        writes: tokio::sync::Semaphore::new(usize::from(settings.max_writes_in_flight)),
+        writes,
         budget: budget::Budget::new(settings.render_memory),
         concurrency: settings.concurrency,
         synced: tokio::sync::watch::Sender::new(false),

@@ -651,6 +651,7 @@ pub(super) async fn serve(
     settings: Settings,
     sharding: Sharding,
     metrics: Arc<Metrics>,
+    writes: Arc<super::writes::Writes>,
     stop: watch::Receiver<bool>,
 ) -> Result<(), Error> {
     for index in 0..sharding.count {
@@ -701,8 +702,12 @@ pub(super) async fn serve(
                 let Won { index, term, fence, mut role } = w;
                 let mut shard_settings = settings.clone();
                 shard_settings.shard = Some(Shard { sharding, index });
-                let (client, registry, metrics, ended_tx) =
-                    (client.clone(), registry.clone(), metrics.clone(), ended_tx.clone());
+                let (client, registry, ended_tx) =
+                    (client.clone(), registry.clone(), ended_tx.clone());
+                let replica = super::run::Replica {
+                    metrics: metrics.clone(),
+                    writes: writes.clone(),
+                };
                 let mut stop = stop.clone();
                 let stopped = async move {
                     tokio::select! {
@@ -718,7 +723,7 @@ pub(super) async fn serve(
                         super::run::lead(
                             client,
                             registry,
-                            metrics,
+                            replica,
                             &shard_settings,
                             fence,
                             prefetched,

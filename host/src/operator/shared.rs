@@ -54,8 +54,9 @@ pub(crate) struct Shared {
     pub waiting: Mutex<Waiting>,
     /// Failures in a row per resource, for backoff.
     pub failures: Mutex<BTreeMap<report::Key, u32>>,
-    /// One permit per apply or delete in flight (`Settings::max_writes_in_flight`).
-    pub writes: tokio::sync::Semaphore,
+    /// The applies and deletes in flight, within a limit that follows the API server's answers
+    /// (`Settings::max_writes_in_flight` at most); the replica's, shared by its shards.
+    pub writes: Arc<super::writes::Writes>,
     /// The memory budget of plugin calls in flight (`Settings::render_memory`).
     pub budget: Arc<budget::Budget>,
     /// How many reconciliations of one Kind run at once (`Settings::concurrency`).
@@ -151,14 +152,16 @@ impl Shared {
         if !self.fence.allows() {
             return Err(not_leading());
         }
-        // The semaphore is never closed; without a permit, the write goes anyway.
-        let _permit = self.writes.acquire().await.ok();
+        let slot = self.writes.slot().await;
         if !self.fence.allows() {
             return Err(not_leading());
         }
         self.metrics
             .write(verb, &format!("{}.{}", ar.plural, ar.group));
-        self.fence.bounded(call).await
+        let result = self.fence.bounded(call).await;
+        // How long it took says whether the API server keeps up; a 429 says it sheds load.
+        slot.done(matches!(&result, Err(kube::Error::Api(s)) if s.code == 429));
+        result
     }
 }
 
