@@ -24,7 +24,8 @@
 //!    `host run --shards K`, separate processes on one control plane: the time from their start
 //!    until every child is applied, each replica's peak RSS, the API server's CPU; then one
 //!    replica killed, and the time until a change in its shard is applied by another
-//!    (`BENCH_SHARDED` sets the size, 0 skips it; `BENCH_SHARDED_BARE=0` skips its bare loop).
+//!    (`BENCH_SHARDED` sets the size, 0 skips it; `BENCH_SHARDED_BARE=0` skips its bare loop;
+//!    `BENCH_SHARDS=1,4` which shard counts run, default 1,2,4).
 //!
 //! Run: `cargo bench -p host --bench operator` (N defaults to 1000; `BENCH_RESOURCES=200` for a
 //! quicker run; `BENCH_QUIET_SECS` sets the quiet period, default 60; `BENCH_MIXED` the mixed
@@ -1009,7 +1010,17 @@ async fn sharded(root: &std::path::Path, registry: &host::registry::Registry, n:
         None
     };
     let mut runs = Vec::new();
-    for shards in [1, 2, 4] {
+    // `BENCH_SHARDS`: which shard counts, such as `1,4` (default `1,2,4`).
+    let counts: Vec<u32> = std::env::var("BENCH_SHARDS")
+        .unwrap_or_else(|_| "1,2,4".into())
+        .split(',')
+        .map(|k| {
+            k.trim()
+                .parse()
+                .expect("BENCH_SHARDS: shard counts, such as 1,2,4")
+        })
+        .collect();
+    for shards in counts {
         let run = sharded_run(root, n, shards).await;
         eprintln!(
             "{shards} shard(s): {:.1} s, RSS {:?} MiB",

@@ -25,13 +25,14 @@ use tokio::time::Instant;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::discovery::ApiResource;
-use kube::runtime::events::{Event, Recorder};
+use kube::runtime::events::Event;
 use prometheus_client::metrics::gauge::Gauge;
 use serde_json::Value;
 use serde_json::value::RawValue;
 use tokio::sync::Notify;
 
 use super::children::Applies;
+use super::events::Recorder;
 use super::lock;
 use super::metrics::{Metrics, WriteLabels};
 use crate::ownership::FIELD_MANAGER;

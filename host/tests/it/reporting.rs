@@ -183,3 +183,66 @@ async fn warnings_and_status_computed_by_plugins_show_on_the_resource() {
     assert!(condition(&old, "Warning").0.is_empty(), "{old}");
     op.stop().await;
 }
+
+/// The operator's events on the real API server: a repeat (same reason, note and object) is
+/// counted in the first event's `series`, not written as a new Event; another note is an event
+/// of its own; once an event is gone, its next repeat starts a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_event_is_counted_in_its_series() {
+    use k8s_openapi::api::core::v1::ObjectReference;
+    use k8s_openapi::api::events::v1::Event as K8sEvent;
+    use kube::api::{Api, DeleteParams, ListParams};
+    use kube::runtime::events::{Event, EventType, Reporter};
+
+    let cp = cluster();
+    let client = cp.client().await.unwrap();
+    let ns = cp.namespace(&client, "events").await.unwrap();
+    let recorder = host::operator::events::Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "wasm-operator".into(),
+            instance: Some("it".into()),
+        },
+    );
+    let regarding = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("ConfigMap".into()),
+        name: Some("cm".into()),
+        namespace: Some(ns.clone()),
+        ..ObjectReference::default()
+    };
+    let event = |note: &str| Event {
+        type_: EventType::Normal,
+        reason: "Applied".into(),
+        note: Some(note.into()),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    for note in ["one", "one", "one", "two"] {
+        recorder.publish(&event(note), &regarding).await.unwrap();
+    }
+    let api: Api<K8sEvent> = Api::namespaced(client.clone(), &ns);
+    let by_note = |list: &[K8sEvent], note: &str| -> Vec<Option<i32>> {
+        list.iter()
+            .filter(|e| e.note.as_deref() == Some(note))
+            .map(|e| e.series.as_ref().map(|s| s.count))
+            .collect()
+    };
+    let listed = api.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(listed.len(), 2, "{listed:#?}");
+    assert_eq!(by_note(&listed, "one"), [Some(3)]);
+    assert_eq!(by_note(&listed, "two"), [None]);
+    let one = listed
+        .iter()
+        .find(|e| e.note.as_deref() == Some("one"))
+        .unwrap();
+    assert_eq!(one.reporting_instance.as_deref(), Some("it"));
+    assert_eq!(one.regarding.as_ref().unwrap().name.as_deref(), Some("cm"));
+
+    // Gone (expired, or deleted by someone): the next repeat is a new event.
+    let name = one.metadata.name.clone().unwrap();
+    api.delete(&name, &DeleteParams::default()).await.unwrap();
+    recorder.publish(&event("one"), &regarding).await.unwrap();
+    let listed = api.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(by_note(&listed, "one"), [None]);
+}

@@ -923,9 +923,12 @@ fn start_watched(owner: &Path, program: &Path, args: &[String], log: &Path) -> R
         .map_err(io(format!("opening {}", log.display())))?;
     let err = out.try_clone().map_err(io("duplicating a log handle"))?;
     // The loop ends the component when the process named in owner.pid (the test binary) is
-    // gone, whatever ended it; `kept` there ([`ControlPlane::keep`]) leaves it running.
+    // gone, whatever ended it; `kept` there ([`ControlPlane::keep`]) leaves it running. Asked
+    // to stop (TERM), it gives the component 5 s, then kills it: an API server whose etcd is
+    // already gone can hang in its graceful shutdown (one was found still running 45 minutes
+    // after its test).
     let watchdog = r#"owner=$1; shift; "$@" & child=$!
-trap 'kill $child 2>/dev/null; wait $child; exit 0' TERM INT
+trap 'kill $child 2>/dev/null; for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 $child 2>/dev/null || break; sleep 0.5; done; kill -9 $child 2>/dev/null; wait $child; exit 0' TERM INT
 alive() { p=$(cat "$owner" 2>/dev/null); [ "$p" = kept ] || kill -0 "$p" 2>/dev/null; }
 while alive && kill -0 "$child" 2>/dev/null; do sleep 0.5; done
 kill $child 2>/dev/null; sleep 2; kill -9 $child 2>/dev/null; wait $child"#;
