@@ -194,7 +194,9 @@ impl Drop for Batch<'_> {
 /// reconciliation finds its own without scanning every child.
 #[derive(Debug, Default)]
 pub(crate) struct OwnerIndex {
-    by_owner: BTreeMap<String, BTreeSet<ChildId>>,
+    /// Each owner's children, sorted: a resource has a few, and a `BTreeSet` of them took a
+    /// whole B-tree node (about 800 bytes) per resource, 4 MiB at 5,000 resources.
+    by_owner: BTreeMap<String, Vec<ChildId>>,
     owner_of: BTreeMap<ChildId, String>,
 }
 
@@ -203,20 +205,25 @@ impl OwnerIndex {
     pub(crate) fn set(&mut self, child: ChildId, owner: Option<&str>) {
         self.remove(&child);
         if let Some(owner) = owner {
-            self.by_owner
+            let children = self
+                .by_owner
                 .entry(owner.to_owned())
-                .or_default()
-                .insert(child.clone());
+                .or_insert_with(|| Vec::with_capacity(1));
+            if let Err(at) = children.binary_search(&child) {
+                children.insert(at, child.clone());
+            }
             self.owner_of.insert(child, owner.to_owned());
         }
     }
 
     pub(crate) fn remove(&mut self, child: &ChildId) {
         if let Some(owner) = self.owner_of.remove(child)
-            && let Some(set) = self.by_owner.get_mut(&owner)
+            && let Some(children) = self.by_owner.get_mut(&owner)
         {
-            set.remove(child);
-            if set.is_empty() {
+            if let Ok(at) = children.binary_search(child) {
+                children.remove(at);
+            }
+            if children.is_empty() {
                 self.by_owner.remove(&owner);
             }
         }
@@ -238,10 +245,7 @@ impl OwnerIndex {
 
     /// The children whose controller is `owner`.
     pub(crate) fn owned_by(&self, owner: &str) -> Vec<ChildId> {
-        self.by_owner
-            .get(owner)
-            .map(|s| s.iter().cloned().collect())
-            .unwrap_or_default()
+        self.by_owner.get(owner).cloned().unwrap_or_default()
     }
 }
 
@@ -468,6 +472,8 @@ mod tests {
     #[test]
     fn the_owner_index_follows_controllers_deletions_and_relists() {
         let mut index = OwnerIndex::default();
+        // Kept sorted and once each, in whatever order the watches show them.
+        index.set(child("Service", "web"), Some("uid-1"));
         index.set(child("Deployment", "web"), Some("uid-1"));
         index.set(child("Service", "web"), Some("uid-1"));
         index.set(child("Deployment", "db"), Some("uid-2"));
