@@ -81,7 +81,20 @@ pub fn mib(bytes: u64) -> String {
 
 /// `bytes` in lowercase hex, as a sha256 digest is written.
 pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(2 * bytes.len());
+    for b in bytes {
+        // Writing to a String cannot fail.
+        let _ = write!(out, "{b:02x}");
+    }
+    out
+}
+
+/// The sha256 of `bytes`, in lowercase hex (what the compile cache knows a component by; an
+/// OCI digest is this after `sha256:`).
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    hex(&sha2::Sha256::digest(bytes))
 }
 
 /// `text` cut to its first `max` bytes (at a character boundary) and a note saying how much was

@@ -18,7 +18,6 @@ use std::path::{Path, PathBuf};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use serde_json::{Value, json};
-use sha2::{Digest as _, Sha256};
 
 pub use client::{Client, Options, tls_config};
 pub use reference::{Reference, SCHEME, is_digest};
@@ -156,7 +155,7 @@ fn registry_key(key: &str) -> String {
 
 /// `sha256:` and the hex of the sha256 of `bytes`.
 pub fn digest(bytes: &[u8]) -> String {
-    format!("sha256:{}", crate::units::hex(&Sha256::digest(bytes)))
+    format!("sha256:{}", crate::units::sha256_hex(bytes))
 }
 
 /// What a component says of itself in its artifact's config.

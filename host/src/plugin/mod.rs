@@ -17,7 +17,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
@@ -278,7 +277,7 @@ impl Runtime {
         }
         let mut bytes = Vec::new();
         std::io::Read::read_to_end(&mut file, &mut bytes).map_err(unreadable)?;
-        let sha256 = sha256_hex(&bytes);
+        let sha256 = crate::units::sha256_hex(&bytes);
         if let Some(stamp) = stamp {
             // The stamp from before the read: a file changed while it was read has another
             // stamp now, so the next load reads it again.
@@ -289,7 +288,7 @@ impl Runtime {
 
     /// Loads a plugin from its bytes; `source` names it in errors (a path, or `built-in service`).
     pub fn load(&self, wasm: &[u8], source: &str, ctx: &Context) -> Result<Plugin> {
-        self.load_hashed(wasm, sha256_hex(wasm), source, ctx)
+        self.load_hashed(wasm, crate::units::sha256_hex(wasm), source, ctx)
     }
 
     /// Loads a plugin built into the host (named `built-in <name>` in errors); its sha256 was
@@ -322,7 +321,7 @@ impl Runtime {
         source: &str,
         ctx: &Context,
     ) -> std::result::Result<(Plugin, Anatomy), LoadFailure> {
-        self.load_steps(wasm, sha256_hex(wasm), source, ctx)
+        self.load_steps(wasm, crate::units::sha256_hex(wasm), source, ctx)
     }
 
     fn load_steps(
@@ -937,11 +936,6 @@ fn parse_manifests(
             }),
         })
         .collect()
-}
-
-/// The sha256 of `bytes`, in hex: what the compile cache knows a component by.
-fn sha256_hex(bytes: &[u8]) -> String {
-    crate::units::hex(&Sha256::digest(bytes))
 }
 
 #[cfg(test)]
