@@ -31,7 +31,8 @@
 //! quicker run; `BENCH_QUIET_SECS` sets the quiet period, default 60; `BENCH_MIXED` the mixed
 //! run's size, default N, 0 skips it; `BENCH_LARGE` the large run's, default 10000, 0 skips it;
 //! `BENCH_TRACE=1` prints the children seen every 0.1 s; `BENCH_LOG` is the operator's
-//! `RUST_LOG`; `BENCH_HOST_BIN` runs another `host` binary, such as a release's static one).
+//! `RUST_LOG`; `BENCH_HOST_BIN` runs another `host` binary, such as a release's static one;
+//! `BENCH_HOST_ARGS` adds arguments to each `host run`, such as `--min-writes-in-flight=16`).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -859,6 +860,11 @@ fn spawn_host(
             format!("--watch-namespace={ns}"),
         ])
         .args(extra)
+        .args(
+            std::env::var("BENCH_HOST_ARGS")
+                .unwrap_or_default()
+                .split_whitespace(),
+        )
         .env("KUBECONFIG", cp.kubeconfig())
         .env("WASM_OPERATOR_CACHE", &cache)
         .env(

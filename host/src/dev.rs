@@ -250,6 +250,7 @@ async fn operate(
         identity: "host-dev".into(),
         concurrency: 16,
         max_writes_in_flight: 16,
+        min_writes_in_flight: 1,
         render_memory: crate::operator::budget::DEFAULT_CALLS_IN_FLIGHT
             * registry
                 .plugins()

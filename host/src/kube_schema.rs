@@ -203,6 +203,19 @@ pub fn inline_refs(v: &mut Value) -> std::result::Result<(), String> {
     }
 }
 
+/// Whether every `$ref` in `v` names a Kubernetes type the host knows (the ones
+/// [`inline_refs`] would inline).
+pub fn refs_known(v: &Value) -> bool {
+    match v {
+        Value::Object(o) => match o.get("$ref") {
+            Some(Value::String(r)) => inlined(r).is_some(),
+            _ => o.values().all(refs_known),
+        },
+        Value::Array(a) => a.iter().all(refs_known),
+        _ => true,
+    }
+}
+
 /// The fields of `status` the host owns: a plugin's status schema may not name them.
 pub const HOST_STATUS_FIELDS: &[&str] = &[
     "observedGeneration",

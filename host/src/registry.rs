@@ -157,8 +157,8 @@ pub struct Registry {
     ctx: Context,
     plugins: Vec<Plugin>,
     kinds: BTreeMap<(String, String), usize>,
-    /// Each served Kind's spec schema, its `$ref`s inlined, by group and Kind; `None` when it
-    /// names a Kubernetes type the host does not know (then `host crds` fails, naming it).
+    /// Each served Kind's spec schema, by group and Kind; `None` when it names a Kubernetes type
+    /// the host does not know (then `host crds` fails, naming it).
     schemas: BTreeMap<(String, String), Option<Value>>,
 }
 
@@ -292,9 +292,11 @@ impl Registry {
                     });
                 }
             }
-            let mut schema = k.spec_schema.clone();
-            let inlined = crate::kube_schema::inline_refs(&mut schema).is_ok();
-            self.schemas.insert(key.clone(), inlined.then_some(schema));
+            // Kept with its `$ref`s, which the check reads through the process's one copy of
+            // each Kubernetes type.
+            let known = crate::kube_schema::refs_known(&k.spec_schema);
+            self.schemas
+                .insert(key.clone(), known.then(|| k.spec_schema.clone()));
             self.kinds.insert(key, index);
         }
         self.plugins.push(plugin);

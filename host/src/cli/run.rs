@@ -72,10 +72,15 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 16)]
     pub concurrency: u16,
     /// Applies and deletes in flight at once, across every Kind: what the operator may ask of
-    /// the API server at a time, however many reconciliations run. A ceiling: the limit in use
-    /// halves while writes take over a second and grows back with quick answers.
+    /// the API server at a time, however many reconciliations run. A ceiling: a namespace's
+    /// limit halves while its writes take over 3 s, the replica's when the API server answers
+    /// 429, and both grow back with quick answers.
     #[arg(long, default_value_t = 16)]
     pub max_writes_in_flight: u16,
+    /// The floor of those limits: however the API server answers, so many writes may be in
+    /// flight (at most --max-writes-in-flight; equal to it, the limit is fixed).
+    #[arg(long, default_value_t = 1)]
+    pub min_writes_in_flight: u16,
     /// The memory all plugin calls in flight may need together, such as 320Mi. Each call counts
     /// its memory cap and four times its output cap (80Mi at the defaults) and waits, in its
     /// namespace's turn, until that much is free; namespaces take turns, so one that floods the
@@ -196,6 +201,9 @@ pub(super) fn run(args: &RunArgs) -> Result<ExitCode, Error> {
         identity,
         concurrency: args.concurrency.max(1),
         max_writes_in_flight: args.max_writes_in_flight.max(1),
+        min_writes_in_flight: args
+            .min_writes_in_flight
+            .clamp(1, args.max_writes_in_flight.max(1)),
         render_memory: render_memory(args)?,
         render_wait,
         unready_after: args.unready_after,

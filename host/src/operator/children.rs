@@ -283,7 +283,7 @@ pub(crate) struct Writer {
     /// Its kind key ([`kind_key`]).
     pub kind: String,
     /// The resource (one of the kind's versions).
-    pub ar: ApiResource,
+    pub ar: Arc<ApiResource>,
     /// The namespace watched, or `None` for all of them.
     pub namespace: Option<String>,
     /// The store to fill.

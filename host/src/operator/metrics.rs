@@ -278,8 +278,11 @@ pub struct Metrics {
     /// `wasm_operator_reports_pending`: status writes and events queued or being written.
     pub reports_pending: Gauge,
     /// `wasm_operator_api_writes_limit`: how many applies and deletes may be in flight now
-    /// (at most `--max-writes-in-flight`, fewer while the API server answers slowly).
+    /// (at most `--max-writes-in-flight`, fewer after the API server answered 429).
     pub writes_limit: Gauge,
+    /// `wasm_operator_api_writes_limited_namespaces`: namespaces whose own limit of writes in
+    /// flight is below `--max-writes-in-flight`, their writes having been answered slowly.
+    pub writes_limited_namespaces: Gauge,
     /// `leader_election_master_status`: 1 while this replica leads, by Lease.
     pub leader: Family<LeaseLabels, Gauge>,
     /// `wasm_operator_shards_held`: whether this replica holds each shard (1) or not (0), by
@@ -356,8 +359,16 @@ impl Default for Metrics {
             &mut registry,
             &mut series,
             "wasm_operator_api_writes_limit",
-            "Applies and deletes that may be in flight now: at most --max-writes-in-flight, fewer while the API server answers slowly",
+            "Applies and deletes that may be in flight now: at most --max-writes-in-flight, fewer after the API server answered 429",
             writes_limit.clone(),
+        );
+        let writes_limited_namespaces = Gauge::default();
+        register(
+            &mut registry,
+            &mut series,
+            "wasm_operator_api_writes_limited_namespaces",
+            "Namespaces whose writes were answered slowly, held to fewer in flight than --max-writes-in-flight",
+            writes_limited_namespaces.clone(),
         );
         register(
             &mut registry,
@@ -560,6 +571,7 @@ impl Default for Metrics {
             plugins_prefetched,
             reports_pending,
             writes_limit,
+            writes_limited_namespaces,
             ready: AtomicBool::new(false),
             any_failing: AtomicBool::new(false),
             health,

@@ -122,8 +122,10 @@ pub struct Settings {
     pub identity: String,
     /// Reconciliations in flight per Kind.
     pub concurrency: u16,
-    /// Applies and deletes in flight at once, across every Kind.
+    /// Applies and deletes in flight at once, across every Kind: at most this many.
     pub max_writes_in_flight: u16,
+    /// ...and no limit below this many, however the API server answers (see [`writes`]).
+    pub min_writes_in_flight: u16,
     /// The memory all plugin calls in flight may need together, in bytes (see [`budget`]).
     pub render_memory: u64,
     /// How long a reconciliation waits for a render: the plugin deadline and a margin. The

@@ -48,8 +48,10 @@ pub async fn run(
 
     // One limit of writes in flight for the replica, whichever shards it serves.
     let writes = Arc::new(writes::Writes::new(
+        settings.min_writes_in_flight,
         settings.max_writes_in_flight,
         metrics.writes_limit.clone(),
+        metrics.writes_limited_namespaces.clone(),
     ));
 
     // Shards: each replica serves the shards it holds.

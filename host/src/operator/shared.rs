@@ -137,12 +137,13 @@ impl Shared {
         Ok(level)
     }
 
-    /// Sends one write (`verb`: apply, delete) of a child or of a resource's shard label, within
-    /// the budget of writes in flight,
-    /// counted in `wasm_operator_api_writes_total`.
+    /// Sends one write (`verb`: apply, delete) of a child or of a resource's shard label in
+    /// `namespace`, within the limits of writes in flight, counted in
+    /// `wasm_operator_api_writes_total`.
     pub(crate) async fn write<T>(
         &self,
         verb: &str,
+        namespace: &str,
         ar: &ApiResource,
         call: impl std::future::Future<Output = Result<T, kube::Error>>,
     ) -> Result<T, kube::Error> {
@@ -152,7 +153,7 @@ impl Shared {
         if !self.fence.allows() {
             return Err(not_leading());
         }
-        let slot = self.writes.slot().await;
+        let slot = self.writes.slot(namespace).await;
         if !self.fence.allows() {
             return Err(not_leading());
         }

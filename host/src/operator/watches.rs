@@ -5,7 +5,7 @@ use super::*;
 
 /// A child kind (`group/Kind`) that the cluster serves: the version watched, and its objects.
 pub(crate) struct Watched {
-    pub ar: ApiResource,
+    pub ar: Arc<ApiResource>,
     /// One watch per scope ([`Settings::scopes`]): all namespaces, or each watched namespace.
     pub parts: Vec<WatchedPart>,
 }
@@ -30,6 +30,7 @@ impl Watched {
         ar: &ApiResource,
         scopes: &[Option<String>],
     ) -> (Vec<children::Writer>, Self) {
+        let ar = Arc::new(ar.clone());
         let mut writers = Vec::new();
         let mut parts = Vec::new();
         for scope in scopes {
@@ -49,13 +50,7 @@ impl Watched {
                 first_list,
             });
         }
-        (
-            writers,
-            Self {
-                ar: ar.clone(),
-                parts,
-            },
-        )
+        (writers, Self { ar, parts })
     }
 
     /// The watch that sees `namespace`.
@@ -83,11 +78,11 @@ impl Watched {
 pub(crate) fn scoped<K>(
     client: &kube::Client,
     scope: Option<&str>,
-    ar: &ApiResource,
+    ar: &K::DynamicType,
     name: &str,
 ) -> (Api<K>, String)
 where
-    K: kube::Resource<DynamicType = ApiResource, Scope = kube::core::DynamicResourceScope>,
+    K: kube::Resource<Scope = kube::core::DynamicResourceScope>,
 {
     match scope {
         Some(ns) => (

@@ -1,13 +1,23 @@
 //! How many applies and deletes a replica has in flight: at most `--max-writes-in-flight`, and
-//! fewer while the API server answers slowly.
+//! fewer while the API server answers slowly or sheds load.
 //!
-//! The limit follows the API server's answers, additive increase and multiplicative decrease as
-//! TCP's congestion window does. A write answered within [`SLOW`] raises it by 1/limit (about
-//! one slot per limit's worth of quick answers); a write answered later than that (the
-//! client's own retries of a 429 or 503, which API Priority and Fairness answers when it sheds
-//! load, included), abandoned at the write deadline (with leader election), or refused with a
-//! 429 once the client's retries are spent halves it, at most once per write's time: the writes
-//! already in flight when it was cut started before the cut and say nothing new.
+//! Each limit follows the answers it is given, additive increase and multiplicative decrease as
+//! TCP's congestion window does: a quick answer raises it by 1/limit (about one slot per
+//! limit's worth of quick answers), a late one halves it, at most once per write's time (the
+//! writes already in flight when it was cut started before the cut and say nothing new).
+//!
+//! Two limits hold each write, so that no tenant slows another:
+//! - **Its namespace's**, halved by a write of that namespace answered later than [`SLOW`] (the
+//!   client's own retries of a 429 or 503 included) or abandoned at the write deadline. Slowness
+//!   can be of a tenant's own making (children near the plugin output cap take seconds to
+//!   apply), so it throttles only the namespace it was seen in. A namespace is tracked while it
+//!   has writes in flight or a limit below the maximum.
+//! - **The replica's**, halved by a 429 once the client's retries are spent, whichever
+//!   namespace's write got it: API Priority and Fairness sheds the operator's flow as a whole,
+//!   and no tenant can make it do so but by the operator's own volume of writes. A slow answer
+//!   leaves it as it is; a quick one raises it.
+//!
+//! `--min-writes-in-flight` is the floor of both (equal to the maximum, it pins them).
 //!
 //! Replicas that share one API server (shards) each read their own answers from it, so each
 //! sends less once it falls behind, where a fixed limit each would keep sending K times one
@@ -15,11 +25,12 @@
 //! limit: with four replicas on 10,000 Services the four limits together were 23 to 48, and
 //! writes were still abandoned (docs/benchmarks.md, "Shards").
 
-use std::sync::Mutex;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::gauge::Gauge;
-use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::lock;
 
@@ -31,14 +42,31 @@ use super::lock;
 pub(crate) const SLOW: Duration = Duration::from_secs(3);
 const _: () = assert!(SLOW.as_millis() < super::lease::WRITE_TIMEOUT.as_millis());
 
-/// The writes in flight and their limit; one per replica, shared by its shards' pipelines.
+/// The writes in flight and their limits; one per replica, shared by its shards' pipelines.
 #[derive(Debug)]
 pub(crate) struct Writes {
-    semaphore: Semaphore,
+    /// The replica's limit, which 429s cut.
+    all: Limit,
+    /// Every limit's floor and ceiling.
+    min: u16,
+    max: u16,
+    /// Each namespace's limit, which its slow answers cut: those with writes in flight or a
+    /// limit below the maximum.
+    namespaces: Mutex<HashMap<String, Arc<Limit>>>,
+    /// `wasm_operator_api_writes_limit`: the replica's limit.
+    gauge: Gauge,
+    /// `wasm_operator_api_writes_limited_namespaces`: namespaces whose limit is below the
+    /// maximum.
+    limited: Gauge,
+}
+
+/// One limit of writes in flight, between a floor and a ceiling.
+#[derive(Debug)]
+struct Limit {
+    semaphore: Arc<Semaphore>,
+    min: f64,
     max: usize,
     state: Mutex<State>,
-    /// `wasm_operator_api_writes_limit`.
-    gauge: Gauge,
 }
 
 #[derive(Debug)]
@@ -50,48 +78,144 @@ struct State {
     permits: usize,
     /// When the limit was last cut.
     cut: Option<Instant>,
+    /// Whether the permits were below the maximum when they last followed the limit.
+    limited: bool,
+}
+
+/// How an answer moves a limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Answer {
+    Quick,
+    /// Says nothing to this limit (a slow answer, to the replica's).
+    Neutral,
+    Behind,
 }
 
 /// A write's place among those in flight: [`Slot::done`] with how it was answered.
 #[must_use = "a slot says how its write was answered with `done`"]
 pub(crate) struct Slot<'a> {
     writes: &'a Writes,
-    permit: Option<SemaphorePermit<'a>>,
+    namespace: String,
+    limit: Arc<Limit>,
+    own: Option<OwnedSemaphorePermit>,
+    all: Option<OwnedSemaphorePermit>,
     started: Instant,
 }
 
 impl Writes {
-    /// At most `max` writes in flight (at least 1), starting there; `gauge` shows the limit.
-    pub(crate) fn new(max: u16, gauge: Gauge) -> Self {
-        let max = usize::from(max.max(1));
-        gauge.set(i64::try_from(max).unwrap_or(i64::MAX));
+    /// At most `max` writes in flight (at least 1), and each limit at least `min` (at most
+    /// `max`), starting at `max`; `gauge` shows the replica's limit, `limited` how many
+    /// namespaces have theirs cut.
+    pub(crate) fn new(min: u16, max: u16, gauge: Gauge, limited: Gauge) -> Self {
+        let max = max.max(1);
+        gauge.set(i64::from(max));
+        limited.set(0);
         Self {
-            semaphore: Semaphore::new(max),
+            all: Limit::new(min, max),
+            min,
+            max,
+            namespaces: Mutex::new(HashMap::new()),
+            gauge,
+            limited,
+        }
+    }
+
+    /// Waits for a slot for a write in `namespace`: first within the namespace's limit, then
+    /// within the replica's, so that a namespace held at its limit keeps none of the
+    /// replica's slots while it waits.
+    pub(crate) async fn slot(&self, namespace: &str) -> Slot<'_> {
+        let limit = lock(&self.namespaces)
+            .entry(namespace.to_owned())
+            .or_insert_with(|| Arc::new(Limit::new(self.min, self.max)))
+            .clone();
+        let own = limit.acquire().await;
+        let all = self.all.acquire().await;
+        Slot {
+            writes: self,
+            namespace: namespace.to_owned(),
+            limit,
+            own,
+            all,
+            started: Instant::now(),
+        }
+    }
+
+    /// The replica's limit now (its whole part).
+    #[cfg(test)]
+    fn limit(&self) -> usize {
+        whole(lock(&self.all.state).limit)
+    }
+
+    /// `namespace`'s limit now (its whole part), the maximum when it is not tracked.
+    #[cfg(test)]
+    fn limit_of(&self, namespace: &str) -> usize {
+        lock(&self.namespaces)
+            .get(namespace)
+            .map_or(usize::from(self.max), |l| whole(lock(&l.state).limit))
+    }
+}
+
+impl Limit {
+    fn new(min: u16, max: u16) -> Self {
+        let max = usize::from(max.max(1));
+        Self {
+            semaphore: Arc::new(Semaphore::new(max)),
+            min: f64::from(min.max(1)).min(max as f64),
             max,
             state: Mutex::new(State {
                 limit: max as f64,
                 permits: max,
                 cut: None,
+                limited: false,
             }),
-            gauge,
         }
     }
 
-    /// Waits for a slot.
-    pub(crate) async fn slot(&self) -> Slot<'_> {
+    async fn acquire(&self) -> Option<OwnedSemaphorePermit> {
         // The semaphore is never closed; without a permit, the write goes anyway.
-        let permit = self.semaphore.acquire().await.ok();
-        Slot {
-            writes: self,
-            permit,
-            started: Instant::now(),
+        self.semaphore.clone().acquire_owned().await.ok()
+    }
+
+    /// A write started at `started` was answered at `now`; whether the limit was cut.
+    fn answered(&self, started: Instant, now: Instant, answer: Answer) -> bool {
+        let mut state = lock(&self.state);
+        match answer {
+            Answer::Behind if state.cut.is_none_or(|cut| cut < started) => {
+                state.limit = (state.limit / 2.0).max(self.min);
+                state.cut = Some(now);
+                true
+            }
+            Answer::Behind | Answer::Neutral => false,
+            Answer::Quick => {
+                state.limit = (state.limit + 1.0 / state.limit).min(self.max as f64);
+                false
+            }
         }
     }
 
-    /// The limit now (its whole part).
-    #[cfg(test)]
-    pub(crate) fn limit(&self) -> usize {
-        whole(lock(&self.state).limit)
+    /// A write holding `permit` ended, answered or not: the permits follow the limit (free ones
+    /// go first, then this write's own is not given back; those held by other writes go as
+    /// they end). The limit's whole part, and whether it went below the maximum (`Some(true)`)
+    /// or back to it (`Some(false)`).
+    fn fit(&self, permit: &mut Option<OwnedSemaphorePermit>) -> (usize, Option<bool>) {
+        let mut state = lock(&self.state);
+        let target = whole(state.limit);
+        if state.permits > target {
+            state.permits -= self.semaphore.forget_permits(state.permits - target);
+            if state.permits > target
+                && let Some(permit) = permit.take()
+            {
+                permit.forget();
+                state.permits -= 1;
+            }
+        } else if state.permits < target {
+            self.semaphore.add_permits(target - state.permits);
+            state.permits = target;
+        }
+        let limited = target < self.max;
+        let changed = (limited != state.limited).then_some(limited);
+        state.limited = limited;
+        (target, changed)
     }
 }
 
@@ -113,43 +237,51 @@ impl Slot<'_> {
     }
 
     fn done_at(self, now: Instant, refused: bool) {
-        // The slots follow the new limit when `self` drops, after this lock.
-        let writes = self.writes;
-        let mut state = lock(&writes.state);
-        let behind = refused || now.saturating_duration_since(self.started) >= SLOW;
-        if behind {
-            if state.cut.is_none_or(|cut| cut < self.started) {
-                state.limit = (state.limit / 2.0).max(1.0);
-                state.cut = Some(now);
-            }
-        } else {
-            state.limit = (state.limit + 1.0 / state.limit).min(writes.max as f64);
+        // The slots follow the new limits when `self` drops.
+        let slow = now.saturating_duration_since(self.started) >= SLOW;
+        let (own, all) = match (refused, slow) {
+            (true, _) => (Answer::Behind, Answer::Behind),
+            (false, true) => (Answer::Behind, Answer::Neutral),
+            (false, false) => (Answer::Quick, Answer::Quick),
+        };
+        if self.limit.answered(self.started, now, own) {
+            tracing::info!(namespace = %self.namespace, limit = whole(lock(&self.limit.state).limit), refused, "writes answered late: fewer in flight for the namespace");
+        }
+        if self.writes.all.answered(self.started, now, all) {
+            tracing::info!(
+                limit = whole(lock(&self.writes.all.state).limit),
+                "writes refused with 429: fewer in flight"
+            );
         }
     }
 }
 
 impl Drop for Slot<'_> {
-    /// The write ended, answered or not (a slot dropped unanswered leaves the limit as it
-    /// was): the slots follow the limit.
+    /// The write ended, answered or not (a slot dropped unanswered leaves the limits as they
+    /// were): the slots follow the limits, and a namespace back at the maximum with nothing in
+    /// flight is no longer tracked.
     fn drop(&mut self) {
         let writes = self.writes;
-        let mut state = lock(&writes.state);
-        let target = whole(state.limit);
-        if state.permits > target {
-            // Free slots go first; then this write's own is not given back. Slots held by
-            // other writes go as those end.
-            state.permits -= writes.semaphore.forget_permits(state.permits - target);
-            if state.permits > target
-                && let Some(permit) = self.permit.take()
-            {
-                permit.forget();
-                state.permits -= 1;
-            }
-        } else if state.permits < target {
-            writes.semaphore.add_permits(target - state.permits);
-            state.permits = target;
+        let (all, _) = writes.all.fit(&mut self.all);
+        writes.gauge.set(i64::try_from(all).unwrap_or(i64::MAX));
+        let (own, changed) = self.limit.fit(&mut self.own);
+        match changed {
+            Some(true) => writes.limited.inc(),
+            Some(false) => writes.limited.dec(),
+            None => 0,
+        };
+        drop(self.own.take());
+        let mut namespaces = lock(&writes.namespaces);
+        // The map's and this slot's: no other write holds or waits for it (taking it from the
+        // map needs this lock).
+        if own == self.limit.max
+            && Arc::strong_count(&self.limit) == 2
+            && namespaces
+                .get(&self.namespace)
+                .is_some_and(|l| Arc::ptr_eq(l, &self.limit))
+        {
+            namespaces.remove(&self.namespace);
         }
-        writes.gauge.set(i64::try_from(target).unwrap_or(i64::MAX));
     }
 }
 
@@ -157,96 +289,161 @@ impl Drop for Slot<'_> {
 mod tests {
     use super::*;
 
-    fn writes(max: u16) -> Writes {
-        Writes::new(max, Gauge::default())
+    fn writes(min: u16, max: u16) -> Writes {
+        Writes::new(min, max, Gauge::default(), Gauge::default())
     }
 
-    /// Takes `n` slots at once, their writes started at `at`.
-    async fn slots(w: &Writes, n: usize, at: Instant) -> Vec<Slot<'_>> {
+    /// Takes `n` slots in `namespace` at once, their writes started at `at`.
+    async fn slots<'a>(w: &'a Writes, namespace: &str, n: usize, at: Instant) -> Vec<Slot<'a>> {
         let mut held = Vec::new();
         for _ in 0..n {
-            let mut slot = w.slot().await;
+            let mut slot = w.slot(namespace).await;
             slot.started = at;
             held.push(slot);
         }
         held
     }
 
+    /// The free slots of `namespace` (the maximum when it is not tracked) and of the replica.
+    fn free(w: &Writes, namespace: &str) -> (usize, usize) {
+        let own = lock(&w.namespaces)
+            .get(namespace)
+            .map_or(usize::from(w.max), |l| l.semaphore.available_permits());
+        (own, w.all.semaphore.available_permits())
+    }
+
     #[tokio::test]
-    async fn slow_answers_halve_the_limit_once_per_round_and_quick_ones_win_it_back() {
-        let w = writes(16);
-        assert_eq!((w.limit(), w.semaphore.available_permits()), (16, 16));
+    async fn slow_answers_halve_the_namespaces_limit_once_per_round_and_quick_ones_win_it_back() {
+        let w = writes(1, 16);
         let t0 = Instant::now();
         let at = |slows: u32| t0 + SLOW * slows;
 
-        // Sixteen writes in flight, all answered late: the first halves the limit, the others
-        // started before that cut and do not cut again. Slots are given up until 8 exist.
-        for slot in slots(&w, 16, at(0)).await {
+        // Sixteen writes in flight, all answered late: the first halves the namespace's limit,
+        // the others started before that cut and do not cut again. Slots are given up until 8
+        // exist. The replica's limit is not the namespace's to cut.
+        for slot in slots(&w, "a", 16, at(0)).await {
             slot.done_at(at(1), false);
         }
-        assert_eq!((w.limit(), w.semaphore.available_permits()), (8, 8));
+        assert_eq!((w.limit_of("a"), w.limit()), (8, 16));
+        assert_eq!(free(&w, "a"), (8, 16));
+        assert_eq!(w.limited.get(), 1);
 
         // A write started after the cut and answered late cuts again; the free slots go at once.
-        for slot in slots(&w, 1, at(2)).await {
+        for slot in slots(&w, "a", 1, at(2)).await {
             slot.done_at(at(3), false);
         }
-        assert_eq!((w.limit(), w.semaphore.available_permits()), (4, 4));
+        assert_eq!(free(&w, "a"), (4, 16));
 
-        // A 429 is behind whatever its time.
+        // A 429 is behind whatever its time, for the namespace and the replica both.
         for k in 4..7 {
-            for slot in slots(&w, 1, at(k)).await {
+            for slot in slots(&w, "a", 1, at(k)).await {
                 slot.done_at(at(k), true);
             }
         }
-        assert_eq!((w.limit(), w.semaphore.available_permits()), (1, 1));
+        assert_eq!((w.limit_of("a"), w.limit()), (1, 2));
+        assert_eq!(free(&w, "a"), (1, 2));
 
-        // Quick answers add about one slot per limit's worth of them, up to the maximum.
+        // Quick answers add about one slot per limit's worth of them, up to the maximum; back
+        // there with nothing in flight, the namespace is no longer tracked.
         let quick = async |n: usize| {
-            for slot in slots(&w, n, at(7)).await {
+            for slot in slots(&w, "a", n, at(7)).await {
                 slot.done_at(at(7), false);
             }
         };
         quick(1).await;
-        assert_eq!((w.limit(), w.semaphore.available_permits()), (2, 2));
+        assert_eq!((w.limit_of("a"), w.limit()), (2, 2));
         quick(1).await;
         quick(2).await;
-        assert_eq!((w.limit(), w.semaphore.available_permits()), (3, 3));
+        assert_eq!((w.limit_of("a"), w.limit()), (3, 3));
         for _ in 0..100 {
             quick(3).await;
         }
-        assert_eq!((w.limit(), w.semaphore.available_permits()), (16, 16));
+        assert_eq!((w.limit_of("a"), w.limit()), (16, 16));
+        assert!(lock(&w.namespaces).is_empty());
+        assert_eq!(w.limited.get(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_namespace_answered_slowly_takes_no_slot_from_another() {
+        // A tenant whose children take seconds to apply (near the output cap) is held to one
+        // write at a time; the others keep every slot.
+        let w = writes(1, 16);
+        let t0 = Instant::now();
+        for k in 0..6 {
+            for slot in slots(&w, "slow", 1, t0 + SLOW * (2 * k)).await {
+                slot.done_at(t0 + SLOW * (2 * k + 1), false);
+            }
+        }
+        assert_eq!(
+            (w.limit_of("slow"), w.limit_of("other"), w.limit()),
+            (1, 16, 16)
+        );
+        let held = slots(&w, "other", 16, t0).await;
+        assert_eq!(free(&w, "other"), (0, 0));
+        drop(held);
+
+        // Held at its limit, the slow namespace waits without a slot of the replica's.
+        let _one = w.slot("slow").await;
+        let waiting = tokio::time::timeout(Duration::from_millis(50), w.slot("slow")).await;
+        assert!(
+            waiting.is_err(),
+            "a second write of the slow namespace got a slot"
+        );
+        assert_eq!(free(&w, "slow"), (0, 15));
+    }
+
+    #[tokio::test]
+    async fn the_floor_holds_every_limit() {
+        let w = writes(16, 16);
+        let t0 = Instant::now();
+        for k in 0..4 {
+            for slot in slots(&w, "a", 1, t0 + SLOW * (2 * k)).await {
+                slot.done_at(t0 + SLOW * (2 * k + 1), true);
+            }
+        }
+        assert_eq!((w.limit_of("a"), w.limit()), (16, 16));
+        let w = writes(4, 16);
+        for k in 0..4 {
+            for slot in slots(&w, "a", 1, t0 + SLOW * (2 * k)).await {
+                slot.done_at(t0 + SLOW * (2 * k + 1), true);
+            }
+        }
+        assert_eq!((w.limit_of("a"), w.limit()), (4, 4));
+        // A floor over the ceiling is the ceiling; none is at least 1.
+        assert_eq!(writes(20, 2).limit(), 2);
+        assert_eq!(writes(0, 0).limit(), 1);
     }
 
     #[tokio::test]
     async fn a_slot_dropped_unanswered_changes_no_limit_and_is_kept_only_within_it() {
-        let w = writes(2);
-        drop(slots(&w, 2, Instant::now()).await);
-        assert_eq!((w.limit(), w.semaphore.available_permits()), (2, 2));
-        assert_eq!(writes(0).limit(), 1);
+        let w = writes(1, 2);
+        drop(slots(&w, "a", 2, Instant::now()).await);
+        assert_eq!((w.limit_of("a"), w.limit()), (2, 2));
+        assert!(lock(&w.namespaces).is_empty());
 
         // Over the limit after a cut: a slot dropped unanswered is not given back.
-        let w = writes(4);
+        let w = writes(1, 4);
         let t0 = Instant::now();
-        let mut held = slots(&w, 4, t0).await.into_iter();
+        let mut held = slots(&w, "a", 4, t0).await.into_iter();
         held.next().unwrap().done_at(t0 + SLOW, false);
-        assert_eq!((w.limit(), w.semaphore.available_permits()), (2, 0));
+        assert_eq!((w.limit_of("a"), free(&w, "a")), (2, (0, 1)));
         drop(held.next());
-        assert_eq!((w.limit(), w.semaphore.available_permits()), (2, 0));
+        assert_eq!(free(&w, "a"), (0, 2));
         drop(held.next());
-        assert_eq!((w.limit(), w.semaphore.available_permits()), (2, 1));
+        assert_eq!(free(&w, "a"), (1, 3));
     }
 
     #[tokio::test]
     async fn no_more_writes_than_the_limit_are_in_flight_after_a_cut() {
-        let w = writes(4);
+        let w = writes(1, 4);
         let t0 = Instant::now();
-        let mut held = slots(&w, 4, t0).await.into_iter();
+        let mut held = slots(&w, "a", 4, t0).await.into_iter();
         held.next().unwrap().done_at(t0 + SLOW, false);
         // Limit 2; three still in flight: none free until two of them end.
-        assert_eq!((w.limit(), w.semaphore.available_permits()), (2, 0));
+        assert_eq!((w.limit_of("a"), free(&w, "a").0), (2, 0));
         held.next().unwrap().done_at(t0, false);
-        assert_eq!(w.semaphore.available_permits(), 0);
+        assert_eq!(free(&w, "a").0, 0);
         held.next().unwrap().done_at(t0, false);
-        assert_eq!(w.semaphore.available_permits(), 1);
+        assert_eq!(free(&w, "a").0, 1);
     }
 }

@@ -190,7 +190,8 @@ pub(super) async fn apply(
 ) -> Result<ApplyReport, ReconcileError> {
     let namespace = &owner.resource.namespace;
     let calls = plan.children.iter().map(|p| {
-        let api: Api<LiveChild> = Api::namespaced_with(shared.client.clone(), namespace, &p.ar);
+        let api: Api<LiveChild> =
+            Api::namespaced_with(shared.client.clone(), namespace, &Arc::new(p.ar.clone()));
         async move {
             if p.write == Write::Skip {
                 return Ok(None);
@@ -199,6 +200,7 @@ pub(super) async fn apply(
             shared
                 .write(
                     "apply",
+                    namespace,
                     &p.ar,
                     api.patch(&p.name, &params, &Patch::Apply(guarded(p))),
                 )

@@ -178,6 +178,7 @@ async fn move_to_shard(
     ctx.shared
         .write(
             "apply",
+            &namespace,
             &ctx.ar,
             api.patch(&name, &params, &Patch::Apply(&body)),
         )

@@ -71,7 +71,12 @@ pub(super) async fn prune(
         };
         let what = format!("{} {}", ar.kind, stale.name);
         match shared
-            .write("delete", &ar, api.delete(&stale.name, &params))
+            .write(
+                "delete",
+                &r.namespace,
+                &ar,
+                api.delete(&stale.name, &params),
+            )
             .await
         {
             Ok(_) => {

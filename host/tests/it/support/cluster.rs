@@ -388,6 +388,7 @@ pub(crate) fn settings(
         identity: identity.to_owned(),
         concurrency: 4,
         max_writes_in_flight: 16,
+        min_writes_in_flight: 1,
         render_memory: 2 * host::plugin::Limits::default().call_memory(),
         render_wait: Duration::from_secs(3),
         unready_after: Duration::from_secs(30),
