@@ -13,9 +13,11 @@
 //!   apply), so it throttles only the namespace it was seen in. A namespace is tracked while it
 //!   has writes in flight or a limit below the maximum.
 //! - **The replica's**, halved by a 429 once the client's retries are spent, whichever
-//!   namespace's write got it: API Priority and Fairness sheds the operator's flow as a whole,
-//!   and no tenant can make it do so but by the operator's own volume of writes. A slow answer
-//!   leaves it as it is; a quick one raises it.
+//!   namespace's write got it (API Priority and Fairness sheds the operator's flow as a whole,
+//!   and no tenant can make it do so but by the operator's own volume of writes), and by a slow
+//!   answer once slow answers came from two namespaces since its last cut (an API server
+//!   behind for everyone, where no 429 may come: with leader election a write is abandoned at
+//!   4 s). A quick answer raises it.
 //!
 //! `--min-writes-in-flight` is the floor of both (equal to the maximum, it pins them).
 //!
@@ -58,6 +60,9 @@ pub(crate) struct Writes {
     /// `wasm_operator_api_writes_limited_namespaces`: namespaces whose limit is below the
     /// maximum.
     limited: Gauge,
+    /// The namespace of the first slow answer since the replica's limit was last cut: a slow
+    /// answer from another one cuts it.
+    slow_from: Mutex<Option<String>>,
 }
 
 /// One limit of writes in flight, between a floor and a ceiling.
@@ -117,6 +122,7 @@ impl Writes {
             namespaces: Mutex::new(HashMap::new()),
             gauge,
             limited,
+            slow_from: Mutex::new(None),
         }
     }
 
@@ -241,7 +247,7 @@ impl Slot<'_> {
         let slow = now.saturating_duration_since(self.started) >= SLOW;
         let (own, all) = match (refused, slow) {
             (true, _) => (Answer::Behind, Answer::Behind),
-            (false, true) => (Answer::Behind, Answer::Neutral),
+            (false, true) => (Answer::Behind, self.writes.slow_seen(&self.namespace)),
             (false, false) => (Answer::Quick, Answer::Quick),
         };
         if self.limit.answered(self.started, now, own) {
@@ -250,8 +256,28 @@ impl Slot<'_> {
         if self.writes.all.answered(self.started, now, all) {
             tracing::info!(
                 limit = whole(lock(&self.writes.all.state).limit),
-                "writes refused with 429: fewer in flight"
+                refused,
+                "writes refused with 429, or answered late in several namespaces: fewer in flight"
             );
+            *lock(&self.writes.slow_from) = None;
+        }
+    }
+}
+
+impl Writes {
+    /// What a slow answer from `namespace` says to the replica's limit: nothing while every
+    /// slow answer since its last cut came from one namespace (which a tenant can cause
+    /// itself), behind once a second namespace answers slowly too. (A tenant with several
+    /// namespaces can still cut it: at most by half per round, and quick answers win it back.)
+    fn slow_seen(&self, namespace: &str) -> Answer {
+        let mut first = lock(&self.slow_from);
+        match first.as_deref() {
+            None => {
+                *first = Some(namespace.to_owned());
+                Answer::Neutral
+            }
+            Some(seen) if seen == namespace => Answer::Neutral,
+            Some(_) => Answer::Behind,
         }
     }
 }
@@ -264,7 +290,7 @@ impl Drop for Slot<'_> {
         let writes = self.writes;
         let (all, _) = writes.all.fit(&mut self.all);
         writes.gauge.set(i64::try_from(all).unwrap_or(i64::MAX));
-        let (own, changed) = self.limit.fit(&mut self.own);
+        let (_, changed) = self.limit.fit(&mut self.own);
         match changed {
             Some(true) => writes.limited.inc(),
             Some(false) => writes.limited.dec(),
@@ -273,8 +299,10 @@ impl Drop for Slot<'_> {
         drop(self.own.take());
         let mut namespaces = lock(&writes.namespaces);
         // The map's and this slot's: no other write holds or waits for it (taking it from the
-        // map needs this lock).
-        if own == self.limit.max
+        // map needs this lock). Whether it is at the maximum is read here, under the map's
+        // lock, not from `fit` above: another write of the namespace may have cut it and ended
+        // in between.
+        if !lock(&self.limit.state).limited
             && Arc::strong_count(&self.limit) == 2
             && namespaces
                 .get(&self.namespace)
@@ -390,6 +418,47 @@ mod tests {
             "a second write of the slow namespace got a slot"
         );
         assert_eq!(free(&w, "slow"), (0, 15));
+    }
+
+    #[tokio::test]
+    async fn slow_answers_from_two_namespaces_halve_the_replicas_limit() {
+        let w = writes(1, 16);
+        let t0 = Instant::now();
+        let late = async |namespace: &str, round: u32| {
+            for slot in slots(&w, namespace, 1, t0 + SLOW * (2 * round)).await {
+                slot.done_at(t0 + SLOW * (2 * round + 1), false);
+            }
+        };
+        late("a", 0).await;
+        late("a", 1).await;
+        assert_eq!(w.limit(), 16);
+        late("b", 2).await;
+        assert_eq!((w.limit_of("a"), w.limit_of("b"), w.limit()), (4, 8, 8));
+        // The count starts again after the cut.
+        late("b", 3).await;
+        assert_eq!(w.limit(), 8);
+        late("c", 4).await;
+        assert_eq!(w.limit(), 4);
+    }
+
+    #[tokio::test]
+    async fn a_namespace_cut_stays_tracked_once_its_writes_end() {
+        let w = writes(1, 2);
+        let t0 = Instant::now();
+        let mut held = slots(&w, "a", 2, t0).await.into_iter();
+        let (quick, slow) = (held.next().unwrap(), held.next().unwrap());
+        slow.done_at(t0 + SLOW, false);
+        drop(quick);
+        assert_eq!((w.limit_of("a"), w.limited.get()), (1, 1));
+        assert!(lock(&w.namespaces).contains_key("a"));
+        // Grown back to the maximum, it is forgotten with its last write.
+        for round in 1..=4 {
+            for slot in slots(&w, "a", 1, t0 + SLOW * round).await {
+                slot.done_at(t0 + SLOW * round, false);
+            }
+        }
+        assert_eq!((w.limit_of("a"), w.limited.get()), (2, 0));
+        assert!(!lock(&w.namespaces).contains_key("a"));
     }
 
     #[tokio::test]
