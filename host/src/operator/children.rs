@@ -15,7 +15,6 @@ use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use futures::channel::mpsc;
-use kube::api::DynamicObject;
 use kube::discovery::ApiResource;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -271,12 +270,12 @@ impl Waiting {
 }
 
 /// A controller's trigger: send a resource to reconcile it.
-pub(crate) type Trigger = mpsc::UnboundedSender<ObjectRef<DynamicObject>>;
+pub(crate) type Trigger = mpsc::UnboundedSender<ObjectRef<super::Served>>;
 
 /// Each served Kind's controllers by `apiVersion/Kind`: its discovered resource, and the
 /// trigger of each controller with the namespace it watches (`None`: all of them).
 pub(crate) type Owners =
-    Arc<Mutex<BTreeMap<String, (ApiResource, Vec<(Option<String>, Trigger)>)>>>;
+    Arc<Mutex<BTreeMap<String, (Arc<ApiResource>, Vec<(Option<String>, Trigger)>)>>>;
 
 /// A watch of a child kind to start.
 pub(crate) struct Writer {

@@ -54,6 +54,7 @@ impl Controllers {
             return Vec::new();
         }
         let controller = format!("{}.{}", kind.plural, kind.group);
+        let ar = Arc::new(ar);
         let ctx = Arc::new(KindCtx {
             shared: shared.clone(),
             ar: ar.clone(),
@@ -71,8 +72,7 @@ impl Controllers {
             .subscribe();
         let mut listed = Vec::new();
         for scope in settings.scopes() {
-            let (api, watch) =
-                scoped::<DynamicObject>(&shared.client, scope.as_deref(), &ar, &controller);
+            let (api, watch) = scoped::<Served>(&shared.client, scope.as_deref(), &ar, &controller);
             let (tx, rx) = mpsc::unbounded();
             lock(&shared.owners)
                 .entry(format!("{}/{}", ar.api_version, ar.kind))
@@ -100,7 +100,7 @@ impl Controllers {
             // annotations), not when only its status does: most of its updates are our own
             // status writes. Children's events, resyncs and retries reach it through the
             // scheduler.
-            let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
+            let writer = reflector::store::Writer::<Served>::new(ar.clone());
             let reader = writer.as_reader();
             let (first_list, done) = FirstList::new();
             let health = (shared.metrics.clone(), watch.clone());
@@ -108,7 +108,7 @@ impl Controllers {
             let (forget, forget_name) = (shared.metrics.clone(), controller.clone());
             let trigger = reflector::reflector(
                 writer,
-                watcher(api, owners_config(settings)).modify(trim_resource),
+                watcher(api, owners_config(settings)).modify(|o| trim_resource(o)),
             )
             .inspect(first_list.observer())
             .inspect(move |event| watch_health(&health.0, &health.1, event))
@@ -127,7 +127,7 @@ impl Controllers {
             });
             // A child's change asks for its owner.
             let (queue, queue_name) = (shared.metrics.clone(), controller.clone());
-            let rx = rx.inspect(move |owner: &reflector::ObjectRef<DynamicObject>| {
+            let rx = rx.inspect(move |owner: &reflector::ObjectRef<Served>| {
                 queue.queued(
                     &queue_name,
                     &format!(
@@ -270,7 +270,7 @@ fn owners_config(settings: &Settings) -> watcher::Config {
 /// A hash of what a render reads from a resource besides its name: generation (the spec),
 /// labels and annotations; and its uid, so that a resource created again under the same name
 /// counts as new.
-pub(super) fn render_input(obj: &DynamicObject) -> Option<u64> {
+pub(super) fn render_input(obj: &Served) -> Option<u64> {
     let mut h = std::hash::DefaultHasher::new();
     let meta = &obj.metadata;
     (

@@ -51,7 +51,7 @@ use std::time::Duration;
 use events::Recorder;
 use futures::StreamExt;
 use futures::channel::mpsc;
-use kube::api::{Api, DynamicObject};
+use kube::api::Api;
 use kube::core::GroupVersionKind;
 use kube::discovery::{ApiCapabilities, ApiResource, Scope, pinned_kind};
 use kube::runtime::controller::{Action, Controller};
@@ -61,7 +61,7 @@ use kube::runtime::{PredicateConfig, WatchStreamExt, watcher};
 use tokio::sync::watch;
 
 use children::{Applies, OwnerIndex, Waiting};
-pub use live::LiveChild;
+pub use live::{LiveChild, Served};
 pub use metrics::Metrics;
 
 use crate::gvk::split_api_version;

@@ -72,7 +72,7 @@ impl std::fmt::Display for Key {
 /// A status to write through the status subresource.
 #[derive(Debug, Clone)]
 struct StatusWrite {
-    ar: ApiResource,
+    ar: Arc<ApiResource>,
     /// Kept as JSON text: in a burst of new resources thousands wait here, and a status as a
     /// tree of values takes several times the memory of its text.
     status: Box<RawValue>,
@@ -234,7 +234,7 @@ impl Reports {
     /// Asks for `status` to be written for the resource `key` (of `ar`), replacing any status
     /// for it not yet written, no sooner than `hold` from now (and no later than the status it
     /// replaces was due).
-    pub(crate) fn status(&self, key: Key, ar: &ApiResource, status: Value, hold: Duration) {
+    pub(crate) fn status(&self, key: Key, ar: &Arc<ApiResource>, status: Value, hold: Duration) {
         let status = match serde_json::value::to_raw_value(&status) {
             Ok(status) => status,
             Err(e) => {
@@ -357,7 +357,7 @@ impl Reports {
             return Err(super::not_leading());
         }
         let api: Api<DynamicObject> =
-            Api::namespaced_with(self.client.clone(), &key.namespace, &write.ar);
+            Api::namespaced_with(self.client.clone(), &key.namespace, &*write.ar);
         metrics.write("apply_status", &key.controller);
         let patch = StatusPatch {
             api_version: &write.ar.api_version,
@@ -418,9 +418,9 @@ mod tests {
 
     fn write(status: &str, not_before: Instant) -> StatusWrite {
         StatusWrite {
-            ar: ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
+            ar: Arc::new(ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
                 "hanzo.ai", "v1", "Service",
-            )),
+            ))),
             status: serde_json::value::to_raw_value(&json!({ "message": status })).unwrap(),
             not_before,
             failures: 0,

@@ -175,7 +175,7 @@ pub(super) fn gvk_key(api_version: &str, kind: &str) -> String {
 /// The context of one Kind's controller.
 pub(crate) struct KindCtx {
     pub shared: Arc<Shared>,
-    pub ar: ApiResource,
+    pub ar: Arc<ApiResource>,
     pub controller: String,
 }
 

@@ -29,7 +29,7 @@ use super::metrics::{
 };
 use super::report::{self, Key};
 use super::status::{self, Child, Outcome, Problem, Skipped};
-use super::{KindCtx, LiveChild, Shared, Unserved, backoff, gvk_key, lock, read};
+use super::{KindCtx, LiveChild, Served, Shared, Unserved, backoff, gvk_key, lock, read};
 use crate::ownership::{
     ADOPT_BY_ANNOTATION, Control, FIELD_MANAGER, asks_adoption, consents, control, handle,
 };
@@ -97,7 +97,7 @@ pub(crate) enum ReconcileError {
 
 /// Runs one reconciliation with metrics around it.
 pub(crate) async fn reconcile(
-    obj: Arc<DynamicObject>,
+    obj: Arc<Served>,
     ctx: Arc<KindCtx>,
 ) -> Result<Action, ReconcileError> {
     // Nothing is reconciled before every watch has listed what it watches: pruning and the
@@ -163,7 +163,7 @@ async fn move_to_shard(
 ) -> Result<(), ReconcileError> {
     let (namespace, name) = (obj.namespace().unwrap_or_default(), obj.name_any());
     let api: Api<DynamicObject> =
-        Api::namespaced_with(ctx.shared.client.clone(), &namespace, &ctx.ar);
+        Api::namespaced_with(ctx.shared.client.clone(), &namespace, &*ctx.ar);
     let body = json!({
         "apiVersion": ctx.ar.api_version,
         "kind": ctx.ar.kind,
@@ -245,11 +245,7 @@ impl Drop for Measure<'_> {
 }
 
 /// Retries a failed reconciliation: 1 s, doubling to 5 minutes, per resource.
-pub(crate) fn error_policy(
-    obj: Arc<DynamicObject>,
-    _e: &ReconcileError,
-    ctx: Arc<KindCtx>,
-) -> Action {
+pub(crate) fn error_policy(obj: Arc<Served>, _e: &ReconcileError, ctx: Arc<KindCtx>) -> Action {
     ctx.shared
         .metrics
         .queue_retries
