@@ -158,7 +158,7 @@ shared_kind!(Served, 0.metadata);
 
 /// A resource of a served Kind as the operator's watch, store and queue keep it: a
 /// `DynamicObject` whose kind is shared (see [`shared_kind`]).
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize)]
 #[serde(transparent)]
 pub struct Served(pub DynamicObject);
 

@@ -159,6 +159,22 @@ impl Writes {
             .get(namespace)
             .map_or(usize::from(self.max), |l| whole(lock(&l.state).limit))
     }
+
+    /// What a slow answer from `namespace` says to the replica's limit: nothing while every
+    /// slow answer since its last cut came from one namespace (which a tenant can cause
+    /// itself), behind once a second namespace answers slowly too. (A tenant with several
+    /// namespaces can still cut it: at most by half per round, and quick answers win it back.)
+    fn slow_seen(&self, namespace: &str) -> Answer {
+        let mut first = lock(&self.slow_from);
+        match first.as_deref() {
+            None => {
+                *first = Some(namespace.to_owned());
+                Answer::Neutral
+            }
+            Some(seen) if seen == namespace => Answer::Neutral,
+            Some(_) => Answer::Behind,
+        }
+    }
 }
 
 impl Limit {
@@ -260,24 +276,6 @@ impl Slot<'_> {
                 "writes refused with 429, or answered late in several namespaces: fewer in flight"
             );
             *lock(&self.writes.slow_from) = None;
-        }
-    }
-}
-
-impl Writes {
-    /// What a slow answer from `namespace` says to the replica's limit: nothing while every
-    /// slow answer since its last cut came from one namespace (which a tenant can cause
-    /// itself), behind once a second namespace answers slowly too. (A tenant with several
-    /// namespaces can still cut it: at most by half per round, and quick answers win it back.)
-    fn slow_seen(&self, namespace: &str) -> Answer {
-        let mut first = lock(&self.slow_from);
-        match first.as_deref() {
-            None => {
-                *first = Some(namespace.to_owned());
-                Answer::Neutral
-            }
-            Some(seen) if seen == namespace => Answer::Neutral,
-            Some(_) => Answer::Behind,
         }
     }
 }
