@@ -47,14 +47,10 @@ pub fn handle(plural: &str, group: &str, name: &str) -> String {
     }
 }
 
-/// Whether the object of `metadata` consents to be adopted by the resource kubectl names
-/// `handle` ([`ADOPT_BY_ANNOTATION`]).
-pub fn consents(metadata: &ObjectMeta, handle: &str) -> bool {
-    metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(ADOPT_BY_ANNOTATION))
-        .is_some_and(|v| v == handle)
+/// Whether an object whose [`ADOPT_BY_ANNOTATION`] is `consent` consents to be adopted by the
+/// resource kubectl names `handle`.
+pub fn consents(consent: Option<&str>, handle: &str) -> bool {
+    consent == Some(handle)
 }
 
 /// Who controls a live object, as this resource sees it.

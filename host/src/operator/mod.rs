@@ -61,7 +61,7 @@ use kube::runtime::{PredicateConfig, WatchStreamExt, watcher};
 use tokio::sync::watch;
 
 use children::{Applies, OwnerIndex, Waiting};
-pub use live::{LiveChild, Served};
+pub use live::{LiveChild, Pairs, Served};
 pub use metrics::Metrics;
 
 use crate::gvk::split_api_version;

@@ -140,11 +140,10 @@ impl Shard {
         (target != self.sharding.current(labels)).then_some(target)
     }
 
-    /// Whether a child with `labels` is one of this shard's: its label names this shard.
-    pub fn holds_child(&self, labels: Option<&BTreeMap<String, String>>) -> bool {
-        labels
-            .and_then(|l| l.get(SHARD_LABEL))
-            .is_some_and(|v| *v == self.index.to_string())
+    /// Whether a child whose shard label is `label` is one of this shard's: it names this
+    /// shard.
+    pub fn holds_child(&self, label: Option<&str>) -> bool {
+        label.is_some_and(|v| v == self.index.to_string())
     }
 }
 

@@ -17,7 +17,10 @@
 //!   and no tenant can make it do so but by the operator's own volume of writes), and by a slow
 //!   answer once slow answers came from two namespaces since its last cut (an API server
 //!   behind for everyone, where no 429 may come: with leader election a write is abandoned at
-//!   4 s). A quick answer raises it.
+//!   4 s). Only a namespace whose own limit is at the maximum counts: one cut already is known
+//!   to be slow, and a tenant that keeps its own writes slow would otherwise hold half the
+//!   count, so that any other namespace's one slow answer cut the replica's limit again after
+//!   each cut. A quick answer raises it.
 //!
 //! `--min-writes-in-flight` is the floor of both (equal to the maximum, it pins them).
 //!
@@ -60,8 +63,8 @@ pub(crate) struct Writes {
     /// `wasm_operator_api_writes_limited_namespaces`: namespaces whose limit is below the
     /// maximum.
     limited: Gauge,
-    /// The namespace of the first slow answer since the replica's limit was last cut: a slow
-    /// answer from another one cuts it.
+    /// The namespace of the first slow answer from a namespace at its maximum since the
+    /// replica's limit was last cut: such an answer from another one cuts it.
     slow_from: Mutex<Option<String>>,
 }
 
@@ -160,10 +163,12 @@ impl Writes {
             .map_or(usize::from(self.max), |l| whole(lock(&l.state).limit))
     }
 
-    /// What a slow answer from `namespace` says to the replica's limit: nothing while every
-    /// slow answer since its last cut came from one namespace (which a tenant can cause
-    /// itself), behind once a second namespace answers slowly too. (A tenant with several
-    /// namespaces can still cut it: at most by half per round, and quick answers win it back.)
+    /// What a slow answer from `namespace`, whose own limit is at its maximum, says to the
+    /// replica's limit: nothing while every such answer since its last cut came from one
+    /// namespace (which a tenant can cause itself), behind once a second namespace answers
+    /// slowly too. (A tenant with several namespaces can still cut it: at most by half per
+    /// round, each namespace once until its own limit grows back, and quick answers win it
+    /// back.)
     fn slow_seen(&self, namespace: &str) -> Answer {
         let mut first = lock(&self.slow_from);
         match first.as_deref() {
@@ -191,6 +196,11 @@ impl Limit {
                 limited: false,
             }),
         }
+    }
+
+    /// Whether the limit is at its maximum (never cut, or grown back).
+    fn at_max(&self) -> bool {
+        lock(&self.state).limit >= self.max as f64
     }
 
     async fn acquire(&self) -> Option<OwnedSemaphorePermit> {
@@ -263,6 +273,9 @@ impl Slot<'_> {
         let slow = now.saturating_duration_since(self.started) >= SLOW;
         let (own, all) = match (refused, slow) {
             (true, _) => (Answer::Behind, Answer::Behind),
+            // A namespace whose limit is cut already is known to be slow (a tenant can keep
+            // its own writes slow): its slow answers say nothing new of the API server.
+            (false, true) if !self.limit.at_max() => (Answer::Behind, Answer::Neutral),
             (false, true) => (Answer::Behind, self.writes.slow_seen(&self.namespace)),
             (false, false) => (Answer::Quick, Answer::Quick),
         };
@@ -432,11 +445,30 @@ mod tests {
         assert_eq!(w.limit(), 16);
         late("b", 2).await;
         assert_eq!((w.limit_of("a"), w.limit_of("b"), w.limit()), (4, 8, 8));
-        // The count starts again after the cut.
+        // The count starts again after the cut, and namespaces cut already count no more.
         late("b", 3).await;
+        late("a", 4).await;
         assert_eq!(w.limit(), 8);
-        late("c", 4).await;
+        late("c", 5).await;
+        assert_eq!(w.limit(), 8);
+        late("d", 6).await;
         assert_eq!(w.limit(), 4);
+    }
+
+    #[tokio::test]
+    async fn namespaces_kept_slow_cut_the_replicas_limit_once() {
+        // Two tenants, each keeping its own writes slow: after the first cut, their slow
+        // answers are their namespaces' business.
+        let w = writes(1, 16);
+        let t0 = Instant::now();
+        for round in 0..8 {
+            for namespace in ["t", "u"] {
+                for slot in slots(&w, namespace, 1, t0 + SLOW * (2 * round)).await {
+                    slot.done_at(t0 + SLOW * (2 * round + 1), false);
+                }
+            }
+        }
+        assert_eq!((w.limit_of("t"), w.limit_of("u"), w.limit()), (1, 1, 8));
     }
 
     #[tokio::test]

@@ -29,7 +29,7 @@ use super::metrics::{
 };
 use super::report::{self, Key};
 use super::status::{self, Child, Outcome, Problem, Skipped};
-use super::{KindCtx, LiveChild, Served, Shared, Unserved, backoff, gvk_key, lock, read};
+use super::{KindCtx, LiveChild, Pairs, Served, Shared, Unserved, backoff, gvk_key, lock, read};
 use crate::ownership::{
     ADOPT_BY_ANNOTATION, Control, FIELD_MANAGER, asks_adoption, consents, control, handle,
 };

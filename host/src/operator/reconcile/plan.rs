@@ -161,7 +161,7 @@ pub(crate) fn plan(objects: Vec<Value>, owner: &Owner, view: &impl View) -> Plan
         let write = match live.as_deref() {
             Some(l) => match (
                 control(&l.metadata, &r.uid),
-                owner.adopt || consents(&l.metadata, &owner.handle),
+                owner.adopt || consents(l.annotations.get(ADOPT_BY_ANNOTATION), &owner.handle),
             ) {
                 (Control::Us, _) | (Control::Nobody, true) => {
                     if unchanged(&child, h, previous.as_ref(), Some(l)) {
@@ -245,18 +245,12 @@ pub(super) fn unchanged(
     if applied.hash != hash {
         return false;
     }
-    let subset = |want: &Value, have: &Option<BTreeMap<String, String>>| {
-        want.as_object().is_none_or(|w| {
-            w.iter().all(|(k, v)| {
-                have.as_ref().and_then(|h| h.get(k)).map(String::as_str) == v.as_str()
-            })
-        })
+    let subset = |want: &Value, have: &Pairs| {
+        want.as_object()
+            .is_none_or(|w| w.iter().all(|(k, v)| have.get(k) == v.as_str()))
     };
-    if !subset(&desired["metadata"]["labels"], &live.metadata.labels)
-        || !subset(
-            &desired["metadata"]["annotations"],
-            &live.metadata.annotations,
-        )
+    if !subset(&desired["metadata"]["labels"], &live.labels)
+        || !subset(&desired["metadata"]["annotations"], &live.annotations)
     {
         return false;
     }
@@ -433,8 +427,7 @@ pub(crate) mod tests {
     fn an_object_that_names_the_resource_consents_to_its_adoption() {
         let consenting = |value: &str| {
             let mut l = (*live("uid-hand", None)).clone();
-            l.metadata.annotations =
-                Some([(ADOPT_BY_ANNOTATION.to_owned(), value.to_owned())].into());
+            l.annotations = [(ADOPT_BY_ANNOTATION, value)].into_iter().collect();
             Arc::new(l)
         };
         let mut c = caches();
