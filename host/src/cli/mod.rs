@@ -13,6 +13,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 mod admission;
 mod args;
 mod check;
+mod compile;
 mod completion;
 mod crds;
 #[cfg(feature = "dev")]
@@ -144,6 +145,10 @@ pub enum Command {
     /// Ready. Ctrl-C tears it all down.
     #[cfg(feature = "dev")]
     Dev(DevArgs),
+    /// Compile the component on stdin into the compile cache: what `host run` runs to compile
+    /// a plugin in a process of its own.
+    #[command(hide = true)]
+    CompileComponent(compile::CompileArgs),
 }
 
 /// Formats of a report.
@@ -194,6 +199,7 @@ impl Cli {
             Command::Completion(args) => completion::run(&args),
             #[cfg(feature = "dev")]
             Command::Dev(args) => dev::run(&args),
+            Command::CompileComponent(args) => compile::run(&args),
         };
         match result {
             Ok(code) => code,

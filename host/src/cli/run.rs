@@ -158,7 +158,16 @@ pub(super) fn run(args: &RunArgs) -> Result<ExitCode, Error> {
             crate::operator::shards::MAX_LEASE_NAME
         )));
     }
-    let plugin_runtime = args.plugins.sandbox.runtime()?;
+    // Plugins the cache does not hold are compiled in a process of their own, so that the
+    // compiler's memory is not the operator's (`plugin::cache::Apart`); where this executable
+    // cannot be found, here.
+    let plugin_runtime = match std::env::current_exe() {
+        Ok(exe) => args.plugins.sandbox.runtime()?.compiling_apart(exe),
+        Err(e) => {
+            tracing::warn!("compiling plugins in this process: cannot find its executable: {e}");
+            args.plugins.sandbox.runtime()?
+        }
+    };
     let registry = args.plugins.registry_in(&plugin_runtime)?;
     let plugin_resources = if args.plugin_resources {
         Some(crate::operator::plugins::Live {

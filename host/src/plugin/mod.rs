@@ -12,7 +12,7 @@ mod error;
 mod sandbox;
 
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -219,6 +219,38 @@ impl Runtime {
             limits,
             cache,
         })
+    }
+
+    /// The same runtime, compiling each component its cache does not hold in a process of
+    /// its own, run from `exe` (this `host` executable): `host compile-component`. Without a
+    /// cache, components are compiled here as before.
+    #[must_use]
+    pub fn compiling_apart(self, exe: PathBuf) -> Self {
+        let apart = cache::Apart {
+            exe,
+            memory_bytes: self.limits.memory_bytes,
+        };
+        Self {
+            cache: self.cache.map(|c| c.compiling_apart(apart)),
+            ..self
+        }
+    }
+
+    /// Compiles `wasm` into the cache, as a load that does not find it there would: what
+    /// `host compile-component` does. `sha256` must be the digest of `wasm`. The error is
+    /// wasmtime's, as a load reports it.
+    pub(crate) fn compile_into_cache(
+        &self,
+        wasm: &[u8],
+        sha256: &str,
+    ) -> std::result::Result<(), String> {
+        let Some(cache) = &self.cache else {
+            return Err("no compile cache to compile into".into());
+        };
+        cache
+            .compile_into(&self.engine, wasm, sha256)
+            .map(drop)
+            .map_err(|e| format!("{e:#}"))
     }
 
     /// The limits every call runs under.

@@ -520,3 +520,62 @@ fn cache_entries_unused_for_30_days_are_removed_when_the_host_writes() {
         assert!(age < Duration::from_secs(60), "{}: {age:?}", path.display());
     }
 }
+
+#[test]
+fn a_plugin_is_compiled_in_a_process_of_its_own_whose_failure_fails_only_the_load() {
+    let wasm = std::fs::read(test_guests::HOSTILE).unwrap();
+    let ctx = Context::default();
+    let compiled = |dir: &std::path::Path| {
+        std::fs::read_dir(dir)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .filter(|e| e.file_name().to_string_lossy().ends_with(".cwasm"))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    let apart = |dir: &std::path::Path, exe: &str| {
+        Runtime::new(limits(), Some(Cache::new(dir)))
+            .unwrap()
+            .compiling_apart(PathBuf::from(exe))
+    };
+
+    // `host compile-component` writes the compiled file; this process maps it, and it renders.
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = apart(dir.path(), env!("CARGO_BIN_EXE_host"))
+        .load(&wasm, "hostile.wasm", &ctx)
+        .unwrap();
+    assert_eq!(compiled(dir.path()), 1);
+    assert!(plugin.render(&hostile_resource("ok"), &ctx).is_ok());
+
+    // What does not compile there fails the load with wasmtime's reason, and nothing is cached.
+    let dir = tempfile::tempdir().unwrap();
+    let mut broken = wasm.clone();
+    broken.truncate(wasm.len() / 2);
+    let e = apart(dir.path(), env!("CARGO_BIN_EXE_host"))
+        .load(&broken, "broken.wasm", &ctx)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("plugin broken.wasm: ") && e.contains("not a valid WebAssembly component"),
+        "{e}"
+    );
+    assert_eq!(compiled(dir.path()), 0);
+
+    // A compiler process that fails is the load's failure, not this process's: the compile
+    // was not done here (it would have succeeded).
+    let e = apart(dir.path(), "/bin/false")
+        .load(&wasm, "hostile.wasm", &ctx)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("the compiler process exited with 1"), "{e}");
+    assert_eq!(compiled(dir.path()), 0);
+
+    // No executable to run: compiled here, as without the option.
+    let plugin = apart(dir.path(), "/nonexistent/host")
+        .load(&wasm, "hostile.wasm", &ctx)
+        .unwrap();
+    assert_eq!(compiled(dir.path()), 1);
+    assert!(plugin.render(&hostile_resource("ok"), &ctx).is_ok());
+}

@@ -1,0 +1,54 @@
+//! `host compile-component`: compiles the component on stdin into the compile cache and exits.
+//! Not for people: `host run` runs it to compile a plugin in a process of its own, so that the
+//! compiler's memory goes when it exits and a compiler crash is not the operator's (see
+//! `plugin::cache::Apart`).
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+
+use super::Error;
+use crate::plugin::{Cache, Limits, Runtime};
+
+/// `host compile-component`.
+#[derive(Debug, Args)]
+pub struct CompileArgs {
+    /// The compile cache to write into.
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: PathBuf,
+    /// The sha256 (hex) of the component on stdin, which names its compiled file.
+    #[arg(long)]
+    pub sha256: String,
+    /// `--plugin-memory` of the runtime that will load it, in bytes (the engine's settings).
+    #[arg(long, value_name = "BYTES")]
+    pub plugin_memory: usize,
+}
+
+pub(super) fn run(args: &CompileArgs) -> Result<ExitCode, Error> {
+    let mut wasm = Vec::new();
+    std::io::stdin()
+        .read_to_end(&mut wasm)
+        .map_err(|e| Error::Usage(format!("cannot read the component on stdin: {e}")))?;
+    let sha256 = crate::units::sha256_hex(&wasm);
+    if !sha256.eq_ignore_ascii_case(&args.sha256) {
+        return Err(Error::Usage(format!(
+            "the component on stdin has sha256 {sha256}, not {}",
+            args.sha256
+        )));
+    }
+    let limits = Limits {
+        memory_bytes: args.plugin_memory,
+        ..Limits::default()
+    };
+    let runtime = Runtime::new(limits, Some(Cache::new(&args.cache_dir)))?;
+    match runtime.compile_into_cache(&wasm, &sha256) {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(reason) => {
+            // Read by the process that ran this one: the reason alone.
+            eprintln!("{reason}");
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
