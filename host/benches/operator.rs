@@ -823,7 +823,7 @@ async fn main() {
                 (o + op.startup.as_secs_f64()) / b
             );
         }
-        println!("| operator peak RSS | {:.0} MiB | ≤ 256 MiB |", op.rss);
+        println!("| operator peak RSS | {:.0} MiB | ≤ 128 MiB |", op.rss);
         println!(
             "| operator peak RSS at `/readyz` (every watch listed) | {:.0} MiB | |",
             op.rss_ready
