@@ -32,7 +32,7 @@ pub(super) fn run(args: &CompileArgs) -> Result<ExitCode, Error> {
         .read_to_end(&mut wasm)
         .map_err(|e| Error::Usage(format!("cannot read the component on stdin: {e}")))?;
     let sha256 = crate::units::sha256_hex(&wasm);
-    if !sha256.eq_ignore_ascii_case(&args.sha256) {
+    if sha256 != args.sha256 {
         return Err(Error::Usage(format!(
             "the component on stdin has sha256 {sha256}, not {}",
             args.sha256
@@ -43,12 +43,21 @@ pub(super) fn run(args: &CompileArgs) -> Result<ExitCode, Error> {
         ..Limits::default()
     };
     let runtime = Runtime::new(limits, Some(Cache::new(&args.cache_dir)))?;
+    // Read by the process that ran this one: exit 1 and the reason alone when the component
+    // does not compile; 3 when the cache cannot be written (that process then compiles it
+    // itself); 2 for the other errors, as every command.
     match runtime.compile_into_cache(&wasm, &sha256) {
-        Ok(()) => Ok(ExitCode::SUCCESS),
-        Err(reason) => {
-            // Read by the process that ran this one: the reason alone.
+        Ok(Ok(())) => Ok(ExitCode::SUCCESS),
+        Ok(Err(reason)) => {
             eprintln!("{reason}");
             Ok(ExitCode::FAILURE)
+        }
+        Err(e) => {
+            eprintln!(
+                "cannot write the compiled component into {}: {e}",
+                args.cache_dir.display()
+            );
+            Ok(ExitCode::from(3))
         }
     }
 }

@@ -161,7 +161,13 @@ pub(super) fn run(args: &RunArgs) -> Result<ExitCode, Error> {
     // Plugins the cache does not hold are compiled in a process of their own, so that the
     // compiler's memory is not the operator's (`plugin::cache::Apart`); where this executable
     // cannot be found, here.
-    let plugin_runtime = match std::env::current_exe() {
+    // On Linux `/proc/self/exe`: the running binary, even after an upgrade replaced its file.
+    let exe = if cfg!(target_os = "linux") {
+        Ok(std::path::PathBuf::from("/proc/self/exe"))
+    } else {
+        std::env::current_exe()
+    };
+    let plugin_runtime = match exe {
         Ok(exe) => args.plugins.sandbox.runtime()?.compiling_apart(exe),
         Err(e) => {
             tracing::warn!("compiling plugins in this process: cannot find its executable: {e}");

@@ -44,11 +44,19 @@ pub struct Cache {
 /// crashes on a hostile component takes only that process down.
 #[derive(Debug, Clone)]
 pub(crate) struct Apart {
-    /// The `host` executable.
+    /// The `host` executable (`/proc/self/exe` on Linux: the running binary, even once the
+    /// file it came from was replaced).
     pub exe: PathBuf,
     /// `--plugin-memory`, in bytes: the engine's settings, which the compiled form must match.
     pub memory_bytes: usize,
 }
+
+/// The longest a compile in a process of its own may take: minutes, where the JavaScript and
+/// Python plugins compile in seconds (docs/benchmarks.md).
+const COMPILE_DEADLINE: Duration = Duration::from_secs(300);
+
+/// The most of a compiler process's stderr kept for a load's error.
+const MAX_SAID: usize = 4096;
 
 /// Why a compile in a process of its own gave no compiled file.
 enum ApartFailure {
@@ -177,6 +185,16 @@ impl Cache {
 }
 
 impl Cache {
+    /// Writes the compiled form of the component with this sha256 into the cache.
+    pub(crate) fn store_compiled(
+        &self,
+        engine: &Engine,
+        sha256: &str,
+        compiled: &[u8],
+    ) -> std::io::Result<()> {
+        self.write_entry(&self.path(engine, sha256), compiled)
+    }
+
     /// Compiles `wasm` (whose sha256 is `sha256`) and writes it into the cache; the compiled
     /// bytes. A cache that cannot be written is logged and skipped.
     pub(crate) fn compile_into(
@@ -195,49 +213,83 @@ impl Cache {
 
     /// Runs `host compile-component` on `wasm` (see [`Apart`]).
     fn compile_apart(&self, apart: &Apart, wasm: &[u8], sha256: &str) -> Result<(), ApartFailure> {
-        use std::io::Write;
+        use std::io::{Read, Write};
         use std::process::{Command, Stdio};
         let unavailable = |e: std::io::Error| ApartFailure::Unavailable(e.to_string());
+        // Nothing of the operator's environment (its tokens, a `RUST_BACKTRACE` that would put a
+        // backtrace in a Plugin's status): the compiler reads none.
         let mut child = Command::new(&apart.exe)
             .arg("compile-component")
-            .arg("--cache-dir")
-            .arg(&self.dir)
-            .arg("--sha256")
-            .arg(sha256)
-            .arg("--plugin-memory")
-            .arg(apart.memory_bytes.to_string())
-            .env_remove("RUST_LOG")
+            .arg("--log-format=text")
+            .arg(format!("--cache-dir={}", self.dir.display()))
+            .arg(format!("--sha256={sha256}"))
+            .arg(format!("--plugin-memory={}", apart.memory_bytes))
+            .env_clear()
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .map_err(unavailable)?;
-        // Written from another thread, so that a compiler that stops reading and fills its
-        // stderr cannot hold both ends; dropped once written, so that it sees the end.
-        let stdin = child.stdin.take();
-        let output = std::thread::scope(|scope| {
+        // Should memory run short in the pod, the compiler is the process to kill, not the
+        // operator (raising one's own score needs no privilege; where /proc is not there,
+        // nothing is done).
+        let _ = std::fs::write(format!("/proc/{}/oom_score_adj", child.id()), "1000");
+        let (stdin, stderr) = (child.stdin.take(), child.stderr.take());
+        let (waited, said) = std::thread::scope(|scope| {
+            // Written and read on threads of their own, so that a compiler that stops reading
+            // and fills its stderr cannot hold both ends; stdin is dropped once written, so
+            // that it sees the end.
             scope.spawn(move || {
                 if let Some(mut stdin) = stdin {
                     // A compiler that stopped reading says why on its stderr.
                     let _ = stdin.write_all(wasm);
                 }
             });
-            child.wait_with_output()
-        })
-        .map_err(unavailable)?;
-        if output.status.success() {
-            return Ok(());
+            let reader = scope.spawn(move || {
+                let mut said = Vec::new();
+                if let Some(stderr) = stderr {
+                    let _ = stderr.take(MAX_SAID as u64).read_to_end(&mut said);
+                }
+                String::from_utf8_lossy(&said).trim().to_owned()
+            });
+            let deadline = std::time::Instant::now() + COMPILE_DEADLINE;
+            let waited = loop {
+                match child.try_wait() {
+                    Ok(Some(status)) => break Ok(Some(status)),
+                    Ok(None) if std::time::Instant::now() >= deadline => {
+                        let _ = child.kill();
+                        break child.wait().map(|_| None);
+                    }
+                    Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+                    Err(e) => break Err(e),
+                }
+            };
+            (waited, reader.join().unwrap_or_default())
+        });
+        let Some(status) = waited.map_err(unavailable)? else {
+            return Err(ApartFailure::Compile(format!(
+                "the compiler process did not finish within {} s: stopped",
+                COMPILE_DEADLINE.as_secs()
+            )));
+        };
+        match status.code() {
+            Some(0) => Ok(()),
+            // The component does not compile: wasmtime's reason, all the process says.
+            Some(1) if !said.is_empty() => Err(ApartFailure::Compile(said)),
+            // Anything else (the cache not writable, a `host` without this command) is not the
+            // component's fault.
+            Some(code) => Err(ApartFailure::Unavailable(format!(
+                "it exited with {code}: {}",
+                if said.is_empty() {
+                    "nothing said"
+                } else {
+                    &said
+                }
+            ))),
+            None => Err(ApartFailure::Compile(format!(
+                "the compiler process was killed ({status}): out of memory, or a compiler crash"
+            ))),
         }
-        let said = String::from_utf8_lossy(&output.stderr).trim().to_owned();
-        let said = said.strip_prefix("error: ").unwrap_or(&said).to_owned();
-        Err(ApartFailure::Compile(match output.status.code() {
-            Some(_) if !said.is_empty() => said,
-            Some(code) => format!("the compiler process exited with {code}"),
-            None => format!(
-                "the compiler process was killed ({}): out of memory, or a compiler crash",
-                output.status
-            ),
-        }))
     }
 
     /// Where the description of the component with this sha256 under `ctx` lives. The host's

@@ -237,20 +237,23 @@ impl Runtime {
     }
 
     /// Compiles `wasm` into the cache, as a load that does not find it there would: what
-    /// `host compile-component` does. `sha256` must be the digest of `wasm`. The error is
-    /// wasmtime's, as a load reports it.
+    /// `host compile-component` does. `sha256` must be the digest of `wasm`. `Ok(Err)`: it
+    /// does not compile, with wasmtime's reason as a load reports it; `Err`: the cache could
+    /// not be written.
     pub(crate) fn compile_into_cache(
         &self,
         wasm: &[u8],
         sha256: &str,
-    ) -> std::result::Result<(), String> {
+    ) -> std::io::Result<std::result::Result<(), String>> {
         let Some(cache) = &self.cache else {
-            return Err("no compile cache to compile into".into());
+            return Err(std::io::Error::other("no compile cache to compile into"));
         };
-        cache
-            .compile_into(&self.engine, wasm, sha256)
-            .map(drop)
-            .map_err(|e| format!("{e:#}"))
+        let compiled = match self.engine.precompile_component(wasm) {
+            Ok(compiled) => compiled,
+            Err(e) => return Ok(Err(format!("{e:#}"))),
+        };
+        cache.store_compiled(&self.engine, sha256, &compiled)?;
+        Ok(Ok(()))
     }
 
     /// The limits every call runs under.

@@ -563,16 +563,47 @@ fn a_plugin_is_compiled_in_a_process_of_its_own_whose_failure_fails_only_the_loa
     );
     assert_eq!(compiled(dir.path()), 0);
 
-    // A compiler process that fails is the load's failure, not this process's: the compile
-    // was not done here (it would have succeeded).
-    let e = apart(dir.path(), "/bin/false")
+    // A compiler process that says the component does not compile (exit 1), or that dies, is
+    // the load's failure, not this process's: the compile was not done here (it would have
+    // succeeded).
+    let scripts = tempfile::tempdir().unwrap();
+    let script = |name: &str, body: &str| {
+        use std::os::unix::fs::PermissionsExt;
+        let path = scripts.path().join(name);
+        std::fs::write(&path, format!("#!/bin/sh\ncat >/dev/null\n{body}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path.display().to_string()
+    };
+    let refusing = script("refusing", "echo 'no such thing' >&2; exit 1");
+    let e = apart(dir.path(), &refusing)
         .load(&wasm, "hostile.wasm", &ctx)
         .unwrap_err()
         .to_string();
-    assert!(e.contains("the compiler process exited with 1"), "{e}");
+    assert!(
+        e.ends_with("not a valid WebAssembly component: no such thing"),
+        "{e}"
+    );
+    let dying = script("dying", "kill -9 $$");
+    let e = apart(dir.path(), &dying)
+        .load(&wasm, "hostile.wasm", &ctx)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("the compiler process was killed") && e.contains("signal: 9"),
+        "{e}"
+    );
     assert_eq!(compiled(dir.path()), 0);
 
+    // One that fails otherwise (a `host` without the command, a cache it cannot write) is
+    // not the component's fault: compiled here.
+    let plugin = apart(dir.path(), "/bin/false")
+        .load(&wasm, "hostile.wasm", &ctx)
+        .unwrap();
+    assert_eq!(compiled(dir.path()), 1);
+    assert!(plugin.render(&hostile_resource("ok"), &ctx).is_ok());
+
     // No executable to run: compiled here, as without the option.
+    let dir = tempfile::tempdir().unwrap();
     let plugin = apart(dir.path(), "/nonexistent/host")
         .load(&wasm, "hostile.wasm", &ctx)
         .unwrap();
