@@ -540,6 +540,12 @@ fn a_plugin_is_compiled_in_a_process_of_its_own_whose_failure_fails_only_the_loa
             .unwrap()
             .compiling_apart(PathBuf::from(exe))
     };
+    let refused = |dir: &std::path::Path, exe: &str, wasm: &[u8]| {
+        apart(dir, exe)
+            .load(wasm, "hostile.wasm", &ctx)
+            .unwrap_err()
+            .to_string()
+    };
 
     // `host compile-component` writes the compiled file; this process maps it, and it renders.
     let dir = tempfile::tempdir().unwrap();
@@ -553,12 +559,9 @@ fn a_plugin_is_compiled_in_a_process_of_its_own_whose_failure_fails_only_the_loa
     let dir = tempfile::tempdir().unwrap();
     let mut broken = wasm.clone();
     broken.truncate(wasm.len() / 2);
-    let e = apart(dir.path(), env!("CARGO_BIN_EXE_host"))
-        .load(&broken, "broken.wasm", &ctx)
-        .unwrap_err()
-        .to_string();
+    let e = refused(dir.path(), env!("CARGO_BIN_EXE_host"), &broken);
     assert!(
-        e.starts_with("plugin broken.wasm: ") && e.contains("not a valid WebAssembly component"),
+        e.starts_with("plugin hostile.wasm: ") && e.contains("not a valid WebAssembly component"),
         "{e}"
     );
     assert_eq!(compiled(dir.path()), 0);
@@ -575,19 +578,13 @@ fn a_plugin_is_compiled_in_a_process_of_its_own_whose_failure_fails_only_the_loa
         path.display().to_string()
     };
     let refusing = script("refusing", "echo 'no such thing' >&2; exit 1");
-    let e = apart(dir.path(), &refusing)
-        .load(&wasm, "hostile.wasm", &ctx)
-        .unwrap_err()
-        .to_string();
+    let e = refused(dir.path(), &refusing, &wasm);
     assert!(
         e.ends_with("not a valid WebAssembly component: no such thing"),
         "{e}"
     );
     let dying = script("dying", "kill -9 $$");
-    let e = apart(dir.path(), &dying)
-        .load(&wasm, "hostile.wasm", &ctx)
-        .unwrap_err()
-        .to_string();
+    let e = refused(dir.path(), &dying, &wasm);
     assert!(
         e.contains("the compiler process was killed") && e.contains("signal: 9"),
         "{e}"
