@@ -371,24 +371,19 @@ async fn diff_one(
 /// adoption. Where the operator adopts on request (`--adopt-in-namespace`), it would take more.
 fn not_ours(live: &DynamicObject, resource: &Resource, handle: &str) -> Option<String> {
     use crate::ownership::{ADOPT_BY_ANNOTATION, Control, consents, control};
+    let consent = live
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ADOPT_BY_ANNOTATION))
+        .map(String::as_str);
     match control(&live.metadata, &resource.uid) {
         Control::Us => None,
         Control::Other(c) => Some(format!(
             "controlled by {} {} (uid {}): the operator never takes another's object (ChildConflict)",
             c.kind, c.name, c.uid
         )),
-        Control::Nobody
-            if consents(
-                live.metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get(ADOPT_BY_ANNOTATION))
-                    .map(String::as_str),
-                handle,
-            ) =>
-        {
-            None
-        }
+        Control::Nobody if consents(consent, handle) => None,
         Control::Nobody => Some(format!(
             "exists and nobody controls it: the operator takes it only when the object consents ({ADOPT_BY_ANNOTATION}: {handle}), or in a namespace it adopts in (--adopt-in-namespace) when the resource asks"
         )),

@@ -159,9 +159,9 @@ pub(super) fn run(args: &RunArgs) -> Result<ExitCode, Error> {
         )));
     }
     // Plugins the cache does not hold are compiled in a process of their own, so that the
-    // compiler's memory is not the operator's (`plugin::cache::Apart`); where this executable
-    // cannot be found, here.
-    // On Linux `/proc/self/exe`: the running binary, even after an upgrade replaced its file.
+    // compiler's memory is not the operator's (`plugin::cache::Apart`), run from this
+    // executable (on Linux `/proc/self/exe`: the running binary, even after an upgrade
+    // replaced its file); where it cannot be found, here.
     let exe = if cfg!(target_os = "linux") {
         Ok(std::path::PathBuf::from("/proc/self/exe"))
     } else {

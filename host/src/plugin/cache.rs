@@ -172,7 +172,11 @@ impl Cache {
                 ),
             }
         }
-        let compiled = self.compile_into(engine, wasm, sha256)?;
+        let (compiled, written) = self.compile_into(engine, wasm, sha256)?;
+        if let Err(e) = written {
+            let path = self.path(engine, sha256);
+            tracing::warn!(path = %path.display(), "cannot cache the compiled component: {e}");
+        }
         // SAFETY: `compiled` was produced just above by `precompile_component` on this engine
         // (in `compile_into`).
         #[allow(
@@ -185,30 +189,17 @@ impl Cache {
 }
 
 impl Cache {
-    /// Writes the compiled form of the component with this sha256 into the cache.
-    pub(crate) fn store_compiled(
-        &self,
-        engine: &Engine,
-        sha256: &str,
-        compiled: &[u8],
-    ) -> std::io::Result<()> {
-        self.write_entry(&self.path(engine, sha256), compiled)
-    }
-
-    /// Compiles `wasm` (whose sha256 is `sha256`) and writes it into the cache; the compiled
-    /// bytes. A cache that cannot be written is logged and skipped.
+    /// Compiles `wasm` (whose sha256 is `sha256`) and writes it into the cache: the compiled
+    /// bytes, and whether they could be written (the caller says what a failed write means).
     pub(crate) fn compile_into(
         &self,
         engine: &Engine,
         wasm: &[u8],
         sha256: &str,
-    ) -> wasmtime::Result<Vec<u8>> {
-        let path = self.path(engine, sha256);
+    ) -> wasmtime::Result<(Vec<u8>, std::io::Result<()>)> {
         let compiled = engine.precompile_component(wasm)?;
-        if let Err(e) = self.write_entry(&path, &compiled) {
-            tracing::warn!(path = %path.display(), "cannot cache the compiled component: {e}");
-        }
-        Ok(compiled)
+        let written = self.write_entry(&self.path(engine, sha256), &compiled);
+        Ok((compiled, written))
     }
 
     /// Runs `host compile-component` on `wasm` (see [`Apart`]).

@@ -248,12 +248,10 @@ impl Runtime {
         let Some(cache) = &self.cache else {
             return Err(std::io::Error::other("no compile cache to compile into"));
         };
-        let compiled = match self.engine.precompile_component(wasm) {
-            Ok(compiled) => compiled,
-            Err(e) => return Ok(Err(format!("{e:#}"))),
-        };
-        cache.store_compiled(&self.engine, sha256, &compiled)?;
-        Ok(Ok(()))
+        match cache.compile_into(&self.engine, wasm, sha256) {
+            Ok((_, written)) => written.map(Ok),
+            Err(e) => Ok(Err(format!("{e:#}"))),
+        }
     }
 
     /// The limits every call runs under.
