@@ -158,6 +158,26 @@ fn writes_by_verb(port: u16) -> Vec<(String, f64)> {
     sums.into_iter().collect()
 }
 
+/// Waits until the operator's queue of status writes and events (`wasm_operator_reports_pending`)
+/// is empty; returns the wait. Panics after 10 minutes.
+async fn reports_written(port: u16) -> Duration {
+    let started = Instant::now();
+    loop {
+        let pending = scrape(port)
+            .lines()
+            .find_map(|l| l.strip_prefix("wasm_operator_reports_pending "))
+            .and_then(|v| v.trim().parse::<f64>().ok());
+        if pending == Some(0.0) {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(600),
+            "{pending:?} reports pending after 10 minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// CPU time (user and system) a process has used so far, in seconds.
 fn cpu_seconds(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -467,6 +487,9 @@ struct OperatorRun {
     startup: Duration,
     phase: Phase,
     writes: Vec<(String, f64)>,
+    /// The writes the API server's audit log shows from the operator until every child was
+    /// applied, by verb and resource, Lease apart; and its Lease writes.
+    api_writes: (Vec<(String, f64)>, f64),
     /// The operator's peak RSS, MiB.
     rss: f64,
     /// Its peak RSS at `/readyz`, once every watch has listed, MiB.
@@ -475,6 +498,9 @@ struct OperatorRun {
     rss_end: f64,
     /// Only when a quiet period was asked.
     quiet: Option<Quiet>,
+    /// From every child applied until the operator's queue of status writes and events was
+    /// first empty (Services without a quiet period).
+    reported_after: Option<Duration>,
 }
 
 /// The steady state after a run.
@@ -543,6 +569,7 @@ async fn operator_phase(
     let startup = up.elapsed();
     let rss_ready = peak_rss_mib(operator.0.id());
     let started = Instant::now();
+    let from = Timestamp::now();
     let cpu0 = machine_cpu();
     trace(&seen, total, "operator");
     all_seen(seen, total, started + Duration::from_secs(600)).await;
@@ -551,6 +578,7 @@ async fn operator_phase(
         cpu: delta(&cpu0, &machine_cpu()),
     };
     let writes = writes_by_verb(port);
+    let api_writes = audited_writes(&cp, "(bench-1)", from, Timestamp::now());
     let n = match workload {
         Workload::Services(n) | Workload::Mixed(n) => n,
     };
@@ -570,7 +598,7 @@ async fn operator_phase(
                 .into_iter()
                 .filter(|(_, n)| *n > 0.0)
                 .collect();
-            let (api_writes, lease_writes) = audited_writes(&cp, "(bench-1)", from, to);
+            let (quiet_api_writes, lease_writes) = audited_writes(&cp, "(bench-1)", from, to);
             let rss = peak_rss_mib(operator.0.id());
             let rss_end = proc_status_mib(operator.0.id(), "VmRSS:");
             // A restart with nothing changed: a new process, the same cluster.
@@ -584,19 +612,28 @@ async fn operator_phase(
                 startup,
                 phase,
                 writes,
+                api_writes,
                 rss,
                 rss_ready,
                 rss_end,
                 quiet: Some(Quiet {
                     ready_after,
                     writes: quiet_writes,
-                    api_writes,
+                    api_writes: quiet_api_writes,
                     lease_writes,
                     restart_writes,
                 }),
+                reported_after: None,
             };
         }
         None => None,
+    };
+    // Every report written too (they come after the children): the one large run. Not every
+    // resource Ready: at 10,000 the controller manager's 20 requests a second take most of an
+    // hour to make every Deployment's pods.
+    let reported_after = match (workload, &quiet) {
+        (Workload::Services(_), None) => Some(reports_written(port).await),
+        _ => None,
     };
     let rss = peak_rss_mib(operator.0.id());
     let rss_end = proc_status_mib(operator.0.id(), "VmRSS:");
@@ -605,10 +642,12 @@ async fn operator_phase(
         startup,
         phase,
         writes,
+        api_writes,
         rss,
         rss_ready,
         rss_end,
         quiet,
+        reported_after,
     }
 }
 
@@ -823,6 +862,46 @@ async fn main() {
                 (o + op.startup.as_secs_f64()) / b
             );
         }
+        if let Some(reported) = op.reported_after {
+            let r = reported.as_secs_f64();
+            println!(
+                "| then until every status write and event asked for is written | {r:.1} s | |"
+            );
+            if let Some((bare, _)) = &bare {
+                println!(
+                    "| ratio until every report is written too (from `/readyz`; the bare loop writes none) | {:.2}× | |",
+                    (o + r) / bare.time.as_secs_f64()
+                );
+            }
+        }
+        let api_cpu = |p: &Phase| {
+            p.cpu
+                .iter()
+                .find(|(name, _)| name == "kube-apiserver")
+                .map_or(0.0, |(_, c)| *c)
+        };
+        if let Some((bare, _)) = &bare {
+            println!("| API server CPU, bare loop | {:.1} s | |", api_cpu(bare));
+            println!("| CPU by process, bare loop | {} | |", cpu_text(&bare.cpu));
+        }
+        println!(
+            "| API server CPU, operator | {:.1} s | |",
+            api_cpu(&op.phase)
+        );
+        println!(
+            "| CPU by process, operator | {} | |",
+            cpu_text(&op.phase.cpu)
+        );
+        println!(
+            "| operator writes until then, as it counts them | {} | |",
+            by_verb(&op.writes)
+        );
+        let (audited, leases) = &op.api_writes;
+        println!(
+            "| operator writes until then, as the API server's audit log counts them (Lease apart) | {} | |",
+            by_verb(audited)
+        );
+        println!("| Lease writes until then | {leases} | |");
         println!("| operator peak RSS | {:.0} MiB | ≤ 128 MiB |", op.rss);
         println!(
             "| operator peak RSS at `/readyz` (every watch listed) | {:.0} MiB | |",

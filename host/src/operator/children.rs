@@ -10,7 +10,7 @@
 //! only the API server's garbage collector acts on owner references, so that is what decides
 //! which objects a resource may prune.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
@@ -111,31 +111,55 @@ pub(crate) struct Seen {
 }
 
 /// The children being applied right now (keys from [`applied_key`]), each with what the watch
-/// showed of it meanwhile. Reports give way while it is not empty.
+/// showed of it meanwhile, and how many batches of applies each namespace has in flight: the
+/// reports of a namespace give way while it has some.
 #[derive(Default)]
 pub(crate) struct Applies {
     children: Mutex<BTreeMap<String, Seen>>,
-    /// Woken when the last apply in flight ends.
-    pub done: tokio::sync::Notify,
+    namespaces: Mutex<HashMap<String, usize>>,
+    /// Woken when a namespace's last applies in flight end.
+    pub quiet: tokio::sync::Notify,
 }
 
-/// Applies begun together; see [`Applies::begin`].
+/// Applies begun together in one namespace; see [`Applies::begin`].
 pub(crate) struct Batch<'a> {
     applies: &'a Applies,
+    namespace: String,
     keys: Vec<String>,
+    ended: bool,
 }
 
 impl Applies {
-    /// Marks `keys` as being applied until the batch is finished or dropped.
-    pub(crate) fn begin(&self, keys: Vec<String>) -> Batch<'_> {
+    /// Marks `keys`, children in `namespace`, as being applied until the batch is finished or
+    /// dropped.
+    pub(crate) fn begin(&self, namespace: &str, keys: Vec<String>) -> Batch<'_> {
+        if keys.is_empty() {
+            return Batch {
+                applies: self,
+                namespace: String::new(),
+                keys,
+                ended: true,
+            };
+        }
         let mut children = lock(&self.children);
         for key in &keys {
             children.insert(key.clone(), Seen::default());
         }
+        drop(children);
+        *lock(&self.namespaces)
+            .entry(namespace.to_owned())
+            .or_default() += 1;
         Batch {
             applies: self,
+            namespace: namespace.to_owned(),
             keys,
+            ended: false,
         }
+    }
+
+    /// The namespaces with applies in flight now.
+    pub(crate) fn busy_namespaces(&self) -> HashSet<String> {
+        lock(&self.namespaces).keys().cloned().collect()
     }
 
     /// Records that the watch showed `key` at `resource_version`; false when `key` is not
@@ -156,18 +180,20 @@ impl Applies {
         }
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
-        lock(&self.children).is_empty()
-    }
-
-    fn end(&self, keys: &[String]) -> BTreeMap<String, Seen> {
+    fn end(&self, namespace: &str, keys: &[String]) -> BTreeMap<String, Seen> {
         let mut children = lock(&self.children);
         let ended = keys
             .iter()
             .filter_map(|k| children.remove_entry(k))
             .collect();
-        if children.is_empty() {
-            self.done.notify_waiters();
+        drop(children);
+        let mut namespaces = lock(&self.namespaces);
+        if let Some(n) = namespaces.get_mut(namespace) {
+            *n -= 1;
+            if *n == 0 {
+                namespaces.remove(namespace);
+                self.quiet.notify_waiters();
+            }
         }
         ended
     }
@@ -176,15 +202,16 @@ impl Applies {
 impl Batch<'_> {
     /// Ends the batch: what the watch showed of each child while it was applied.
     pub(crate) fn finish(mut self) -> BTreeMap<String, Seen> {
+        self.ended = true;
         let keys = std::mem::take(&mut self.keys);
-        self.applies.end(&keys)
+        self.applies.end(&self.namespace, &keys)
     }
 }
 
 impl Drop for Batch<'_> {
     fn drop(&mut self) {
-        if !self.keys.is_empty() {
-            self.applies.end(&self.keys);
+        if !self.ended {
+            self.applies.end(&self.namespace, &self.keys);
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Events (events.k8s.io/v1), written as kube's `Recorder` writes them, with less kept.
 //!
-//! An event repeated within [`SERIES_TTL`] of its last occurrence (same type, action, reason,
+//! An event repeated within [`SERIES_TTL`] of its last occurrence's write (same type, action, reason,
 //! note, reporter, regarding and related object) is not a new object: the first one's `series`
 //! counts it, as `kubectl events` shows. Unlike kube's recorder, the note is part of what makes
 //! an event the same: an Event's note cannot change once written, so `applied Deployment/a`
@@ -10,6 +10,8 @@
 //! events held megabytes. Here each event is remembered as its name, its count and when it
 //! last happened, under a 64-bit hash of what makes it the same, and the records past
 //! [`SERIES_TTL`] are dropped at most once every [`SWEEP_EVERY`], when an event is published.
+//! The window counts from writes, which can come minutes after what they report (reports give
+//! way to applies); the times written on the events are those of what happened.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -65,10 +67,12 @@ impl Recorder {
 
     /// Writes `event` about `regarding` (in its namespace, or `default` for a cluster-scoped
     /// object): a new Event, or, for a repeat, one more in the first one's series.
+    /// `at` is when it happened: its `eventTime`, or its series' `lastObservedTime`.
     pub async fn publish(
         &self,
         event: &Event,
         regarding: &ObjectReference,
+        at: Timestamp,
     ) -> Result<(), kube::Error> {
         let key = self.key(event, regarding);
         let namespace = regarding.namespace.as_deref().unwrap_or("default");
@@ -94,7 +98,7 @@ impl Recorder {
             let patch = serde_json::json!({
                 "series": EventSeries {
                     count,
-                    last_observed_time: MicroTime(Timestamp::now()),
+                    last_observed_time: MicroTime(at),
                 }
             });
             match api
@@ -107,7 +111,7 @@ impl Recorder {
                 done => return done.map(drop),
             }
         }
-        let created = self.event(event, regarding);
+        let created = self.event(event, regarding, at);
         let name = created.metadata.name.clone().unwrap_or_default();
         api.create(&PostParams::default(), &created).await?;
         lock(&self.seen).records.insert(
@@ -135,8 +139,9 @@ impl Recorder {
     }
 
     /// A new Event object: named after `regarding` and the time, as client-go names them.
-    fn event(&self, event: &Event, regarding: &ObjectReference) -> K8sEvent {
-        let now = Timestamp::now();
+    /// The Event for `event` about `regarding`, which happened `at`; named after now, so that
+    /// two events that happened at once still have names of their own.
+    fn event(&self, event: &Event, regarding: &ObjectReference, at: Timestamp) -> K8sEvent {
         let instance = self
             .reporter
             .instance
@@ -153,7 +158,7 @@ impl Recorder {
                 }
                 .to_owned(),
             ),
-            event_time: Some(MicroTime(now)),
+            event_time: Some(MicroTime(at)),
             regarding: Some(regarding.clone()),
             related: event.secondary.clone(),
             reporting_controller: Some(self.reporter.controller.clone()),
@@ -165,7 +170,7 @@ impl Recorder {
                         .name
                         .as_deref()
                         .unwrap_or(&self.reporter.controller),
-                    now,
+                    Timestamp::now(),
                 )),
                 ..ObjectMeta::default()
             },

@@ -218,8 +218,17 @@ async fn a_repeated_event_is_counted_in_its_series() {
         action: "Reconcile".into(),
         secondary: None,
     };
+    // Written a minute after it happened (reports give way to applies): the event says when it
+    // happened.
+    let happened = k8s_openapi::jiff::Timestamp::from_second(
+        k8s_openapi::jiff::Timestamp::now().as_second() - 60,
+    )
+    .unwrap();
     for note in ["one", "one", "one", "two"] {
-        recorder.publish(&event(note), &regarding).await.unwrap();
+        recorder
+            .publish(&event(note), &regarding, happened)
+            .await
+            .unwrap();
     }
     let api: Api<K8sEvent> = Api::namespaced(client.clone(), &ns);
     let by_note = |list: &[K8sEvent], note: &str| -> Vec<Option<i32>> {
@@ -238,11 +247,21 @@ async fn a_repeated_event_is_counted_in_its_series() {
         .unwrap();
     assert_eq!(one.reporting_instance.as_deref(), Some("it"));
     assert_eq!(one.regarding.as_ref().unwrap().name.as_deref(), Some("cm"));
+    assert_eq!(one.event_time.as_ref().map(|t| t.0), Some(happened));
+    let series = one.series.as_ref().unwrap();
+    assert_eq!(series.last_observed_time.0, happened);
 
     // Gone (expired, or deleted by someone): the next repeat is a new event.
     let name = one.metadata.name.clone().unwrap();
     api.delete(&name, &DeleteParams::default()).await.unwrap();
-    recorder.publish(&event("one"), &regarding).await.unwrap();
+    recorder
+        .publish(
+            &event("one"),
+            &regarding,
+            k8s_openapi::jiff::Timestamp::now(),
+        )
+        .await
+        .unwrap();
     let listed = api.list(&ListParams::default()).await.unwrap().items;
     assert_eq!(by_note(&listed, "one"), [None]);
 }

@@ -209,6 +209,7 @@ pub(super) async fn apply(
         }
     });
     let batch = shared.applies.begin(
+        namespace,
         plan.children
             .iter()
             .filter(|p| p.write != Write::Skip)

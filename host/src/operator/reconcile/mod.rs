@@ -16,11 +16,11 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
 use kube::discovery::ApiResource;
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType};
-use kube::{Resource, ResourceExt};
+use kube::runtime::events::EventType;
 use serde_json::{Value, json};
 
 use super::children::{Applied, ChildId, applied_key, controller_uid, kind_key};

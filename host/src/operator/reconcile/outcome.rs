@@ -127,16 +127,14 @@ pub(super) fn publish(
     reason: &str,
     note: String,
 ) {
-    let event = Event {
+    ctx.shared.reports.event(
         type_,
-        reason: reason.to_owned(),
-        note: Some(status::bounded_to(&note, status::MAX_NOTE)),
-        action: "Reconcile".into(),
-        secondary: None,
-    };
-    ctx.shared
-        .reports
-        .event(event, obj.object_ref(&ctx.ar), &ctx.controller);
+        reason,
+        status::bounded_to(&note, status::MAX_NOTE).into(),
+        &ctx.ar,
+        &obj.metadata,
+        &ctx.controller,
+    );
 }
 
 /// The status `obj` has or is about to have: one not yet written is newer than the watch's.
