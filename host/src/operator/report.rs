@@ -268,7 +268,7 @@ enum Work {
 /// related object): in a burst thousands wait here, and an `Event` with its `ObjectReference`
 /// takes more than twice the memory.
 #[derive(Debug)]
-struct QueuedEvent {
+pub(crate) struct QueuedEvent {
     warning: bool,
     reason: Box<str>,
     note: Box<str>,
@@ -281,7 +281,9 @@ struct QueuedEvent {
 }
 
 impl QueuedEvent {
-    fn new(
+    /// An event (action `Reconcile`) about `regarding`, of the Kind `ar`, happening now;
+    /// `controller` labels its metric.
+    pub(crate) fn new(
         type_: EventType,
         reason: &str,
         note: Box<str>,
@@ -430,20 +432,10 @@ impl Reports {
         self.work.notify_one();
     }
 
-    /// Asks for an event (action `Reconcile`) about `regarding`; `controller` labels its metric.
-    pub(crate) fn event(
-        &self,
-        type_: EventType,
-        reason: &str,
-        note: Box<str>,
-        ar: &Arc<ApiResource>,
-        regarding: &ObjectMeta,
-        controller: &str,
-    ) {
+    /// Asks for `event` to be written.
+    pub(crate) fn event(&self, event: QueuedEvent) {
         let mut queue = lock(&self.queue);
-        queue.push_event(QueuedEvent::new(
-            type_, reason, note, ar, regarding, controller,
-        ));
+        queue.push_event(event);
         self.count(&queue);
         drop(queue);
         self.work.notify_one();

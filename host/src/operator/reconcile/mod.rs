@@ -27,7 +27,7 @@ use super::children::{Applied, ChildId, applied_key, controller_uid, kind_key};
 use super::metrics::{
     ControllerLabels, FailureLabels, Metrics, NameLabels, PluginLabels, ResultLabels,
 };
-use super::report::{self, Key};
+use super::report::{self, Key, QueuedEvent};
 use super::status::{self, Child, Outcome, Problem, Skipped};
 use super::{KindCtx, LiveChild, Pairs, Served, Shared, Unserved, backoff, gvk_key, lock, read};
 use crate::ownership::{

@@ -127,14 +127,14 @@ pub(super) fn publish(
     reason: &str,
     note: String,
 ) {
-    ctx.shared.reports.event(
+    ctx.shared.reports.event(QueuedEvent::new(
         type_,
         reason,
         status::bounded_to(&note, status::MAX_NOTE).into(),
         &ctx.ar,
         &obj.metadata,
         &ctx.controller,
-    );
+    ));
 }
 
 /// The status `obj` has or is about to have: one not yet written is newer than the watch's.
