@@ -124,9 +124,10 @@ pub(crate) struct Applies {
 /// Applies begun together in one namespace; see [`Applies::begin`].
 pub(crate) struct Batch<'a> {
     applies: &'a Applies,
-    namespace: String,
+    /// Counted among the namespace's applies in flight until ended (`None`: ended, or never
+    /// counted, having nothing to apply).
+    namespace: Option<String>,
     keys: Vec<String>,
-    ended: bool,
 }
 
 impl Applies {
@@ -136,9 +137,8 @@ impl Applies {
         if keys.is_empty() {
             return Batch {
                 applies: self,
-                namespace: String::new(),
+                namespace: None,
                 keys,
-                ended: true,
             };
         }
         let mut children = lock(&self.children);
@@ -151,9 +151,8 @@ impl Applies {
             .or_default() += 1;
         Batch {
             applies: self,
-            namespace: namespace.to_owned(),
+            namespace: Some(namespace.to_owned()),
             keys,
-            ended: false,
         }
     }
 
@@ -202,16 +201,17 @@ impl Applies {
 impl Batch<'_> {
     /// Ends the batch: what the watch showed of each child while it was applied.
     pub(crate) fn finish(mut self) -> BTreeMap<String, Seen> {
-        self.ended = true;
-        let keys = std::mem::take(&mut self.keys);
-        self.applies.end(&self.namespace, &keys)
+        match self.namespace.take() {
+            Some(namespace) => self.applies.end(&namespace, &self.keys),
+            None => BTreeMap::new(),
+        }
     }
 }
 
 impl Drop for Batch<'_> {
     fn drop(&mut self) {
-        if !self.ended {
-            self.applies.end(&self.namespace, &self.keys);
+        if let Some(namespace) = self.namespace.take() {
+            self.applies.end(&namespace, &self.keys);
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Events (events.k8s.io/v1), written as kube's `Recorder` writes them, with less kept.
 //!
-//! An event repeated within [`SERIES_TTL`] of its last occurrence's write (same type, action, reason,
-//! note, reporter, regarding and related object) is not a new object: the first one's `series`
+//! An event repeated within [`SERIES_TTL`] of its last write (same type, action, reason, note,
+//! reporter, regarding and related object) is not a new object: the first one's `series`
 //! counts it, as `kubectl events` shows. Unlike kube's recorder, the note is part of what makes
 //! an event the same: an Event's note cannot change once written, so `applied Deployment/a`
 //! and a later `applied Service/a` are two events, not one with the first's note. kube's
@@ -138,9 +138,9 @@ impl Recorder {
         h.finish()
     }
 
-    /// A new Event object: named after `regarding` and the time, as client-go names them.
-    /// The Event for `event` about `regarding`, which happened `at`; named after now, so that
-    /// two events that happened at once still have names of their own.
+    /// A new Event object for `event` about `regarding`, which happened `at`: named after
+    /// `regarding` and the time of the write, as client-go names them, so that two events that
+    /// happened at once still have names of their own.
     fn event(&self, event: &Event, regarding: &ObjectReference, at: Timestamp) -> K8sEvent {
         let instance = self
             .reporter
