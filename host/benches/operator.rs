@@ -22,9 +22,9 @@
 //!
 //! 8. Shards: the same 10,000 Service resources served by 1, 2 and 4 replicas of
 //!    `host run --shards K`, separate processes on one control plane: the time from their start
-//!    until every child is applied, each replica's peak RSS, the API server's CPU; then one
-//!    replica killed, and the time until a change in its shard is applied by another
-//!    (`BENCH_SHARDED` sets the size, 0 skips it; `BENCH_SHARDED_BARE=0` skips its bare loop;
+//!    until every child is applied, each replica's peak RSS against a replica's fixed base (one
+//!    with no resources), the API server's CPU; then one replica killed, and the time until a
+//!    change in its shard is applied by another (`BENCH_SHARDED` sets the size, 0 skips it; `BENCH_SHARDED_BARE=0` skips its bare loop;
 //!    `BENCH_SHARDS=1,4` which shard counts run, default 1,2,4).
 //!
 //! Run: `cargo bench -p host --bench operator` (N defaults to 1000; `BENCH_RESOURCES=200` for a
@@ -1086,6 +1086,18 @@ async fn sharded_run(root: &std::path::Path, n: usize, shards: u32) -> ShardedRu
     }
 }
 
+/// What a replica holds whatever its share: the peak RSS of `host run` on a control plane with
+/// no resources, 5 s after its `/readyz` (every watch listed), MiB.
+async fn base_rss(root: &std::path::Path) -> f64 {
+    let (cp, client) = control_plane(root).await;
+    let ns = cp.namespace(&client, "base").await.unwrap();
+    let operator = start_operator(&cp, &client, &ns, free_port(), "base-bench").await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let rss = peak_rss_mib(operator.0.id());
+    stop(operator);
+    rss
+}
+
 /// The sharded runs (`BENCH_SHARDED` resources, 0 skips them) with 1, 2 and 4 replicas, and
 /// their table.
 async fn sharded(root: &std::path::Path, registry: &host::registry::Registry, n: usize) {
@@ -1094,6 +1106,7 @@ async fn sharded(root: &std::path::Path, registry: &host::registry::Registry, n:
     } else {
         None
     };
+    let base = base_rss(root).await;
     let mut runs = Vec::new();
     // `BENCH_SHARDS`: which shard counts, such as `1,4` (default `1,2,4`).
     let counts: Vec<u32> = std::env::var("BENCH_SHARDS")
@@ -1125,7 +1138,10 @@ async fn sharded(root: &std::path::Path, registry: &host::registry::Registry, n:
         );
     }
     println!(
-        "| K | from the processes' start until every child is applied | ratio to the bare loop | each replica's peak RSS | K = 1's peak / K | replicas' CPU | API server CPU | failover: a change in the killed replica's shard applied | a change in another shard, right after the kill |"
+        "A replica's fixed base: {base:.0} MiB (the peak RSS of one `host run`, no shards, on a control plane with no resources, 5 s after `/readyz`; a replica of shards has a Lease and a pipeline per shard besides). The target for each replica of K is the base plus 1/K of what K = 1 holds above it.\n"
+    );
+    println!(
+        "| K | from the processes' start until every child is applied | ratio to the bare loop | each replica's peak RSS | base + (K = 1's peak - base) / K | replicas' CPU | API server CPU | failover: a change in the killed replica's shard applied | a change in another shard, right after the kill |"
     );
     println!("|---:|---:|---:|---|---:|---:|---:|---:|---:|");
     let single = runs
@@ -1152,7 +1168,7 @@ async fn sharded(root: &std::path::Path, registry: &host::registry::Registry, n:
         println!(
             "| {} | {t:.1} s | {ratio} | {rss} MiB | {:.0} MiB | {:.1} s | {:.1} s | {over} | {other} |",
             r.shards,
-            single / f64::from(r.shards),
+            base + (single - base) / f64::from(r.shards),
             r.host_cpu,
             r.api_cpu,
         );

@@ -100,13 +100,6 @@ impl Pairs {
     pub fn is_empty(&self) -> bool {
         self.ends.is_empty()
     }
-
-    /// Only the entry of `key`, if there is one.
-    pub fn only(&self, key: &str) -> Self {
-        self.get(key)
-            .map(|value| [(key, value)].into_iter().collect())
-            .unwrap_or_default()
-    }
 }
 
 impl std::fmt::Debug for Pairs {
@@ -402,11 +395,6 @@ mod tests {
         assert_eq!(live.labels.get(""), Some(""));
         assert_eq!(live.labels.get("c"), None);
         assert!(live.annotations.is_empty());
-        assert_eq!(
-            live.labels.only("a"),
-            [("a", "1")].into_iter().collect::<Pairs>()
-        );
-        assert!(live.labels.only("c").is_empty());
         // A watch event whose "object" comes before its "type" is buffered by serde first.
         let event: kube::core::WatchEvent<LiveChild> = serde_json::from_str(
             r#"{"object":{"metadata":{"labels":{"k":"v"},"annotations":null}},"type":"ADDED"}"#,

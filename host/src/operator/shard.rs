@@ -15,9 +15,9 @@
 //! with one write of the label, and serves it no more. A new resource, or every resource after K
 //! changed, is so moved once.
 //!
-//! Children carry their owner's shard in the same label, so that a replica keeps in full only
-//! its own shards' children (those of other shards are kept as small as objects the operator
-//! does not own).
+//! Children carry their owner's shard in the same label, so that a replica keeps only its own
+//! shards' children (those of other shards are known by a hash of their name, as objects the
+//! operator does not own are: `children::Elsewhere`).
 
 use std::collections::BTreeMap;
 use std::fmt;

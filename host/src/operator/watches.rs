@@ -17,9 +17,11 @@ pub(crate) struct WatchedPart {
     /// Turns true once the watch has listed: until then, the store cannot say that an object
     /// does not exist.
     pub listed: FirstListDone,
-    /// Every object of this kind in the scope, as much of it as reconciliation reads (see
-    /// `children`).
+    /// The objects of this kind in the scope that are ours (of this shard, with shards), as
+    /// much of each as reconciliation reads (see `children`).
     pub store: Store<LiveChild>,
+    /// Every other object of this kind in the scope, by name only.
+    pub elsewhere: Arc<Mutex<children::Elsewhere>>,
 }
 
 impl Watched {
@@ -37,16 +39,19 @@ impl Watched {
             let writer = reflector::store::Writer::<LiveChild>::new(ar.clone());
             let store = writer.as_reader();
             let (first_list, listed) = FirstList::new();
+            let elsewhere = Arc::new(Mutex::new(children::Elsewhere::default()));
             parts.push(WatchedPart {
                 namespace: scope.clone(),
                 listed,
                 store,
+                elsewhere: elsewhere.clone(),
             });
             writers.push(children::Writer {
                 kind: kind.to_owned(),
                 ar: ar.clone(),
                 namespace: scope.clone(),
                 writer,
+                elsewhere,
                 first_list,
             });
         }
@@ -65,6 +70,12 @@ impl Watched {
         self.part(namespace)?
             .store
             .get(&reflector::ObjectRef::new_with(name, self.ar.clone()).within(namespace))
+    }
+
+    /// The version (a hash) of the object `name` in `namespace` that the watch knows by name
+    /// only (not ours, or another shard's): see [`children::Elsewhere`].
+    pub(crate) fn name_only(&self, namespace: &str, name: &str) -> Option<u64> {
+        lock(&self.part(namespace)?.elsewhere).version(namespace, name)
     }
 
     /// Whether the watch that sees `namespace` has listed.

@@ -629,5 +629,40 @@ async fn a_reshard_moves_each_resource_once_and_never_two_shard_counts_at_once()
             _ => {}
         }
     }
-    drop(d);
+
+    // Back to two shards, with a resource's ingress turned off meanwhile: the resource moves
+    // to shard 1, whose replica knows its children (unlabelled, another pipeline's) by name
+    // only. It reads them, takes those its render returns with its label, and prunes the
+    // ingress that its status records and its render no longer returns.
+    let mut d = d;
+    d.stop();
+    let moving = names
+        .iter()
+        .find(|n| two.of(ns, n) == 1)
+        .expect("a resource of shard 1 of two");
+    assert!(get(cp, ns, &format!("ingress/{moving}")).is_some());
+    apply(
+        cp,
+        ns,
+        &service(moving, 2).replace("ingress: { hosts:", "ingress: { enabled: false, hosts:"),
+    );
+    let e = Replica::start(&cluster, "replica-e", 2);
+    eventually_or(
+        &format!("{moving}'s ingress to be pruned by the holder of its new shard"),
+        Duration::from_secs(60),
+        || get(cp, ns, &format!("ingress/{moving}")).is_none(),
+        || e.logs(),
+    )
+    .await;
+    eventually(
+        &format!("{moving}'s Deployment to be labelled with shard 1"),
+        Duration::from_secs(30),
+        || {
+            get(cp, ns, &format!("deployment/{moving}"))
+                .is_some_and(|d| shard_label(&d).as_deref() == Some("1"))
+        },
+    )
+    .await;
+    wait_ready(cp, ns, &format!("services.hanzo.ai/{moving}"));
+    drop(e);
 }

@@ -259,6 +259,58 @@ pub(crate) fn error_policy(obj: Arc<Served>, _e: &ReconcileError, ctx: Arc<KindC
     backoff(*n)
 }
 
+/// Reads from the API server the objects this reconciliation needs that the watches know by
+/// name only (`children::Elsewhere`): a rendered object whose name an object that is not ours,
+/// or another shard's child, has; a child the status records that is not in the store (a
+/// resource that moved here from another shard: its children still carry the old shard's
+/// label). Usually none: a child of ours is in the store, and a new name in neither.
+async fn read_name_only<'a>(
+    objects: &[Value],
+    owner: &Owner,
+    shared: &'a Shared,
+) -> Result<WithReads<'a, Shared>, kube::Error> {
+    let namespace = &owner.resource.namespace;
+    let rendered = objects.iter().map(|o| {
+        let (api_version, kind, name) = crate::ownership::identity(o);
+        (kind_key(&api_version, &kind), name)
+    });
+    let recorded = owner.recorded.keys().cloned();
+    let mut reads = WithReads {
+        view: shared,
+        read: BTreeMap::new(),
+        known: BTreeMap::new(),
+    };
+    for (kind, name) in rendered.chain(recorded) {
+        let id = (kind, namespace.clone(), name);
+        if reads.read.contains_key(&id) || shared.live(&id.0, &id.1, &id.2).is_some() {
+            continue;
+        }
+        let Some((ar, known)) = super::read(&shared.watched)
+            .get(&id.0)
+            .map(|w| (w.ar.clone(), w.name_only(&id.1, &id.2)))
+        else {
+            continue;
+        };
+        if known.is_none() {
+            continue;
+        }
+        let api: Api<LiveChild> = Api::namespaced_with(shared.client.clone(), namespace, &ar);
+        let object = shared.fence.bounded(api.get_opt(&id.2)).await?;
+        reads.known.insert(id.clone(), known);
+        reads.read.insert(id, object.map(Arc::new));
+    }
+    Ok(reads)
+}
+
+/// Whether the watch has shown a change of `id`, an object it knows by name only, since just
+/// before it was read: a change that woke nobody, since the resource did not wait on it yet.
+fn changed_since_read(shared: &Shared, reads: &WithReads<'_, Shared>, id: &ChildId) -> bool {
+    let now = super::read(&shared.watched)
+        .get(&id.0)
+        .and_then(|w| w.name_only(&id.1, &id.2));
+    reads.known.get(id).is_some_and(|before| *before != now)
+}
+
 async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, ReconcileError> {
     if obj.metadata.deletion_timestamp.is_some() {
         // The garbage collector removes the children through their owner references.
@@ -324,21 +376,27 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
     if !refusals.is_empty() {
         return report_refusals(obj, ctx, &owner, refusals);
     }
-    let plan = plan(objects, &owner, ctx.shared.as_ref());
+    let reads = read_name_only(&objects, &owner, &ctx.shared).await?;
+    let plan = plan(objects, &owner, &reads);
     for conflict in &plan.conflicts {
         lock(&ctx.shared.waiting).wait(conflict.id.clone(), owner.id());
     }
     // An object in the way that changed between the plan and the wait above woke nobody.
     let moved = plan.conflicts.iter().any(|c| {
         let (kind, ns, name) = &c.id;
-        ctx.shared
-            .live(kind, ns, name)
-            .and_then(|l| l.metadata.uid.clone())
-            != c.uid
+        match reads.read.get(&c.id) {
+            Some(_) => changed_since_read(&ctx.shared, &reads, &c.id),
+            None => {
+                ctx.shared
+                    .live(kind, ns, name)
+                    .and_then(|l| l.metadata.uid.clone())
+                    != c.uid
+            }
+        }
     });
     let mut applied = apply(&plan, &owner, &ctx.shared).await?;
     applied.look_again |= moved;
-    let pruned = prune(&owner, ctx, &plan.desired).await;
+    let pruned = prune(&owner, ctx, &plan.desired, &reads).await;
     drop(grant);
     let mut again = false;
     let fields = match plugin_status(&owner, ctx, &applied.children).await {

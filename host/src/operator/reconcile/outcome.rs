@@ -58,8 +58,14 @@ pub(super) fn report(
     if !applied.transient.is_empty() {
         problems.push(problem("ApplyFailed", &applied.transient, true));
     }
-    if !applied.raced.is_empty() {
-        problems.push(problem("ChildConflict", &applied.raced, true));
+    let raced: Vec<String> = plan
+        .appeared
+        .iter()
+        .chain(&applied.raced)
+        .cloned()
+        .collect();
+    if !raced.is_empty() {
+        problems.push(problem("ChildConflict", &raced, true));
     }
     if !pruned.failed.is_empty() {
         problems.push(problem("PruneFailed", &pruned.failed, true));

@@ -14,6 +14,10 @@ pub(crate) trait View {
     /// Whether the watch of kind `group/Kind` that sees `namespace` has listed: before, an
     /// object it does not show may still exist.
     fn listed(&self, kind_key: &str, namespace: &str) -> bool;
+    /// Whether the watch of kind `group/Kind` knows an object `name` in `namespace` by name
+    /// only (not ours, or another shard's) and this view does not show it: it exists, and must
+    /// be read before anything is applied to its name.
+    fn name_only(&self, kind_key: &str, namespace: &str, name: &str) -> bool;
 }
 
 impl View for Shared {
@@ -33,6 +37,50 @@ impl View for Shared {
         read(&self.watched)
             .get(kind_key)
             .is_some_and(|w| w.listed(namespace))
+    }
+
+    fn name_only(&self, kind_key: &str, namespace: &str, name: &str) -> bool {
+        read(&self.watched)
+            .get(kind_key)
+            .is_some_and(|w| w.name_only(namespace, name).is_some())
+    }
+}
+
+/// A view with the objects its watches know by name only read from the API server
+/// (`read_name_only`): what one reconciliation plans and prunes with.
+pub(crate) struct WithReads<'a, V> {
+    pub view: &'a V,
+    /// Each object read: as the API server returned it, or `None` when it was gone.
+    pub read: BTreeMap<ChildId, Option<Arc<LiveChild>>>,
+    /// The version the watch knew each of them at just before it was read.
+    pub known: BTreeMap<ChildId, Option<u64>>,
+}
+
+impl<V: View> View for WithReads<'_, V> {
+    fn target(&self, gvk: &str) -> Option<Result<ApiResource, Unserved>> {
+        self.view.target(gvk)
+    }
+
+    fn live(&self, kind_key: &str, namespace: &str, name: &str) -> Option<Arc<LiveChild>> {
+        self.view.live(kind_key, namespace, name).or_else(|| {
+            self.read
+                .get(&(kind_key.to_owned(), namespace.to_owned(), name.to_owned()))
+                .cloned()
+                .flatten()
+        })
+    }
+
+    fn applied(&self, key: &str) -> Option<Applied> {
+        self.view.applied(key)
+    }
+
+    fn listed(&self, kind_key: &str, namespace: &str) -> bool {
+        self.view.listed(kind_key, namespace)
+    }
+
+    fn name_only(&self, kind_key: &str, namespace: &str, name: &str) -> bool {
+        let id = (kind_key.to_owned(), namespace.to_owned(), name.to_owned());
+        !self.read.contains_key(&id) && self.view.name_only(kind_key, namespace, name)
     }
 }
 
@@ -114,6 +162,9 @@ pub(crate) struct Plan {
     /// Children not created yet: the watch of their kind has not listed, so whether an object
     /// of that name exists is not known.
     pub unknown: Vec<String>,
+    /// Children not created yet: an object of that name, which the watch knows by name only,
+    /// appeared after the reads before the plan (`read_name_only`).
+    pub appeared: Vec<String>,
     /// Every rendered child, by kind key and name: what prune keeps.
     pub desired: BTreeSet<(String, String)>,
 }
@@ -195,6 +246,14 @@ pub(crate) fn plan(objects: Vec<Value>, owner: &Owner, view: &impl View) -> Plan
                     continue;
                 }
             },
+            // An object the watch knows by name only, not read (it appeared since the reads):
+            // never created over.
+            None if view.name_only(&key, &r.namespace, &name) => {
+                plan.appeared.push(format!(
+                    "{kind} {name}: an object of that name appeared before it was created; looking again"
+                ));
+                continue;
+            }
             // A child we applied that the watch has not shown yet is not applied again: a
             // deletion of it is seen by the watch, which then forgets the apply.
             None if remembered.is_some_and(|p| p.hash == h) => Write::Skip,
@@ -280,6 +339,7 @@ pub(crate) mod tests {
         pub(crate) live: BTreeMap<(String, String, String), Arc<LiveChild>>,
         pub(crate) applied: BTreeMap<String, Applied>,
         pub(crate) unlisted: BTreeSet<String>,
+        pub(crate) name_only: BTreeSet<(String, String, String)>,
     }
 
     impl View for Caches {
@@ -296,6 +356,10 @@ pub(crate) mod tests {
         }
         fn listed(&self, kind_key: &str, _namespace: &str) -> bool {
             !self.unlisted.contains(kind_key)
+        }
+        fn name_only(&self, kind_key: &str, namespace: &str, name: &str) -> bool {
+            self.name_only
+                .contains(&(kind_key.into(), namespace.into(), name.into()))
         }
     }
 
@@ -402,6 +466,39 @@ pub(crate) mod tests {
         let plan = plan(vec![service("web")], &owner(false), &c);
         assert!(plan.children.is_empty());
         assert_eq!(plan.unknown, vec!["Service web".to_owned()]);
+    }
+
+    #[test]
+    fn an_object_the_watch_knows_by_name_only_is_read_before_anything_is_applied_to_it() {
+        let mut c = caches();
+        c.name_only.insert(key("Service", "web"));
+        // Not read: nothing is created over it.
+        let plan_of = |read: Option<Arc<LiveChild>>| {
+            let seen = WithReads {
+                view: &c,
+                read: BTreeMap::from([(key("Service", "web"), read)]),
+                known: BTreeMap::new(),
+            };
+            plan(vec![service("web")], &owner(false), &seen)
+        };
+        let unread = plan(vec![service("web")], &owner(false), &c);
+        assert!(unread.children.is_empty());
+        assert!(unread.appeared[0].starts_with("Service web: an object of that name appeared"));
+        // Read, and made by hand: in the way.
+        let by_hand = plan_of(Some(live("uid-hand", None)));
+        assert!(by_hand.children.is_empty());
+        assert_eq!(by_hand.conflicts[0].holder, "nobody");
+        // Read, and ours (a child of a resource that moved here from another shard): updated,
+        // guarded by its uid.
+        let ours = plan_of(Some(live("uid-ours", Some(("Service", "web", "uid-web")))));
+        assert_eq!(
+            ours.children[0].write,
+            Write::Update {
+                uid: "uid-ours".into()
+            }
+        );
+        // Gone by the time it was read: created.
+        assert_eq!(plan_of(None).children[0].write, Write::Create);
     }
 
     #[test]

@@ -45,16 +45,27 @@ pub(crate) struct Pruned {
 }
 
 /// Deletes the stale children, each only if it still is the object we saw (uid precondition).
+/// The candidates are the children the owner index lists, and those `seen` read from the API
+/// server (a recorded child the store does not keep: see `read_name_only`).
 pub(super) async fn prune(
     owner: &Owner,
     ctx: &KindCtx,
     desired: &BTreeSet<(String, String)>,
+    reads: &WithReads<'_, Shared>,
 ) -> Pruned {
     let shared = &ctx.shared;
     let r = &owner.resource;
-    let owned = lock(&shared.owned).owned_by(&r.uid);
+    let mut owned = lock(&shared.owned).owned_by(&r.uid);
+    owned.extend(
+        reads
+            .read
+            .keys()
+            .filter(|id| !owned.contains(id))
+            .cloned()
+            .collect::<Vec<_>>(),
+    );
     let mut pruned = Pruned::default();
-    for stale in stale_children(owned, &r.uid, &r.namespace, desired, shared.as_ref()) {
+    for stale in stale_children(owned, &r.uid, &r.namespace, desired, reads) {
         let Some(ar) = read(&shared.watched)
             .get(&stale.kind_key)
             .map(|w| w.ar.clone())
