@@ -579,8 +579,13 @@ pub(crate) fn watch_children(
                 };
                 let owner_refs = o.metadata.owner_references.iter().flatten();
                 let namespace = o.metadata.namespace.clone().unwrap_or_default();
+                // With shards, a resource is served only by the shard its hash names (one that
+                // names another is moved there before anything is applied): a child of
+                // another shard's resource wakes nobody here.
+                let served_here =
+                    |owner: &str| shard.is_none_or(|s| s.sharding.of(&namespace, owner) == s.index);
                 let controllers = owner_refs
-                    .filter(|r| r.controller == Some(true))
+                    .filter(|r| r.controller == Some(true) && served_here(&r.name))
                     .map(|r| {
                         (
                             format!("{}/{}", r.api_version, r.kind),

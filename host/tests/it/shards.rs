@@ -454,6 +454,33 @@ async fn a_killed_replicas_shard_is_taken_over_and_the_other_shard_never_notices
     }
     let ok = |n: &String| wait_ready(cp, ns, &format!("services.hanzo.ai/{n}"));
     names.iter().for_each(ok);
+    // A child deleted by hand wakes its owner in the pipeline of the owner's shard (each
+    // pipeline wakes only its own shard's resources), and is made again at once: the periodic
+    // look at every resource is minutes away.
+    for gone in [a_names.last(), b_names.last()].into_iter().flatten() {
+        let uid = |d: &Value| d["metadata"]["uid"].as_str().map(str::to_owned);
+        let before = get(cp, ns, &format!("deployment/{gone}")).and_then(|d| uid(&d));
+        kubectl_ok(
+            cp,
+            &[
+                "-n",
+                ns,
+                "delete",
+                "deployment",
+                gone.as_str(),
+                "--wait=false",
+            ],
+        );
+        eventually(
+            &format!("{gone}'s Deployment, deleted by hand, to be made again"),
+            Duration::from_secs(15),
+            || {
+                get(cp, ns, &format!("deployment/{gone}"))
+                    .is_some_and(|d| uid(&d).is_some() && uid(&d) != before)
+            },
+        )
+        .await;
+    }
     drop(b);
 }
 
