@@ -360,8 +360,10 @@ fn kept(shard: Option<super::shard::Shard>, o: &LiveChild) -> bool {
 /// 5,000 objects and 15,000 of these. They are what makes a create safe without keeping them
 /// whole: a name found here is read from the API server before anything is applied to it
 /// (`reconcile::read_name_only`), and so is a recorded child of a resource that moved here from
-/// another shard. An object is here or in the store at every moment (see [`file`]: it enters
-/// one before it leaves the other). The hash is keyed per process, so names cannot be chosen to
+/// another shard. An object moving between the two enters one before it leaves the other (see
+/// [`file`]); a reconciliation looks in the store, then here, so a move between its two looks
+/// could hide it from that pair, which is why `read_name_only` and the plan each look again.
+/// The hash is keyed per process, so names cannot be chosen to
 /// collide; an accidental collision of two names (among billions) would make one look absent
 /// when the other is deleted.
 #[derive(Default)]
@@ -403,8 +405,7 @@ impl Elsewhere {
 /// Files one watch event in the store and in `elsewhere`: an object [`kept`] in the store,
 /// any other in `elsewhere` (and out of the store: a child of a resource that moved to another
 /// shard stops being kept here). An object moving from one to the other enters the second
-/// before it leaves the first, so that a reconciliation, which looks in the store and then in
-/// `elsewhere`, never finds it in neither and creates over it.
+/// before it leaves the first, so that it is in neither at no moment.
 fn file(
     writer: &mut reflector::store::Writer<LiveChild>,
     elsewhere: &Mutex<Elsewhere>,

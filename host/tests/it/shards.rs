@@ -665,8 +665,8 @@ async fn a_reshard_moves_each_resource_once_and_never_two_shard_counts_at_once()
     d.stop();
     let moving = names
         .iter()
-        .find(|n| two.of(ns, n) == 1)
-        .expect("a resource of shard 1 of two");
+        .find(|n| two.of(ns, n) == 1 && three.of(ns, n) != 1)
+        .expect("a resource of shard 1 of two, labelled with another of three");
     assert!(get(cp, ns, &format!("ingress/{moving}")).is_some());
     apply(
         cp,

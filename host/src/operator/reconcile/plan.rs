@@ -16,8 +16,8 @@ pub(crate) trait View {
     fn listed(&self, kind_key: &str, namespace: &str) -> bool;
     /// Whether the watch of kind `group/Kind` knows an object `name` in `namespace` by name
     /// only (not ours, or another shard's) and this view does not show it: it exists, and must
-    /// be read before anything is applied to its name.
-    fn name_only(&self, kind_key: &str, namespace: &str, name: &str) -> bool;
+    /// be read before anything is applied to its name. `Some` of its version's hash.
+    fn name_only(&self, kind_key: &str, namespace: &str, name: &str) -> Option<u64>;
 }
 
 impl View for Shared {
@@ -39,10 +39,10 @@ impl View for Shared {
             .is_some_and(|w| w.listed(namespace))
     }
 
-    fn name_only(&self, kind_key: &str, namespace: &str, name: &str) -> bool {
+    fn name_only(&self, kind_key: &str, namespace: &str, name: &str) -> Option<u64> {
         read(&self.watched)
-            .get(kind_key)
-            .is_some_and(|w| w.name_only(namespace, name).is_some())
+            .get(kind_key)?
+            .name_only(namespace, name)
     }
 }
 
@@ -78,9 +78,17 @@ impl<V: View> View for WithReads<'_, V> {
         self.view.listed(kind_key, namespace)
     }
 
-    fn name_only(&self, kind_key: &str, namespace: &str, name: &str) -> bool {
+    fn name_only(&self, kind_key: &str, namespace: &str, name: &str) -> Option<u64> {
         let id = (kind_key.to_owned(), namespace.to_owned(), name.to_owned());
-        !self.read.contains_key(&id) && self.view.name_only(kind_key, namespace, name)
+        let now = self.view.name_only(kind_key, namespace, name);
+        match self.read.get(&id) {
+            // Read as gone, and the watch has shown an object of that name since: one more to
+            // read (it is never created over).
+            Some(None) if now.is_some() && now != self.known.get(&id).copied().flatten() => now,
+            // Read: this view shows what was read (an update of it is guarded by its uid).
+            Some(_) => None,
+            None => now,
+        }
     }
 }
 
@@ -248,7 +256,7 @@ pub(crate) fn plan(objects: Vec<Value>, owner: &Owner, view: &impl View) -> Plan
             },
             // An object the watch knows by name only, not read (it appeared since the reads):
             // never created over.
-            None if view.name_only(&key, &r.namespace, &name) => {
+            None if view.name_only(&key, &r.namespace, &name).is_some() => {
                 plan.appeared.push(format!(
                     "{kind} {name}: an object of that name appeared before it was created; looking again"
                 ));
@@ -339,7 +347,7 @@ pub(crate) mod tests {
         pub(crate) live: BTreeMap<(String, String, String), Arc<LiveChild>>,
         pub(crate) applied: BTreeMap<String, Applied>,
         pub(crate) unlisted: BTreeSet<String>,
-        pub(crate) name_only: BTreeSet<(String, String, String)>,
+        pub(crate) name_only: BTreeMap<(String, String, String), u64>,
     }
 
     impl View for Caches {
@@ -357,9 +365,10 @@ pub(crate) mod tests {
         fn listed(&self, kind_key: &str, _namespace: &str) -> bool {
             !self.unlisted.contains(kind_key)
         }
-        fn name_only(&self, kind_key: &str, namespace: &str, name: &str) -> bool {
+        fn name_only(&self, kind_key: &str, namespace: &str, name: &str) -> Option<u64> {
             self.name_only
-                .contains(&(kind_key.into(), namespace.into(), name.into()))
+                .get(&(kind_key.into(), namespace.into(), name.into()))
+                .copied()
         }
     }
 
@@ -471,34 +480,43 @@ pub(crate) mod tests {
     #[test]
     fn an_object_the_watch_knows_by_name_only_is_read_before_anything_is_applied_to_it() {
         let mut c = caches();
-        c.name_only.insert(key("Service", "web"));
-        // Not read: nothing is created over it.
-        let plan_of = |read: Option<Arc<LiveChild>>| {
+        // Known at version 1 when it was read.
+        c.name_only.insert(key("Service", "web"), 1);
+        let plan_of = |c: &Caches, read: Option<Arc<LiveChild>>| {
             let seen = WithReads {
-                view: &c,
+                view: c,
                 read: BTreeMap::from([(key("Service", "web"), read)]),
-                known: BTreeMap::new(),
+                known: BTreeMap::from([(key("Service", "web"), Some(1))]),
             };
             plan(vec![service("web")], &owner(false), &seen)
         };
+        // Not read: nothing is created over it.
         let unread = plan(vec![service("web")], &owner(false), &c);
         assert!(unread.children.is_empty());
         assert!(unread.appeared[0].starts_with("Service web: an object of that name appeared"));
         // Read, and made by hand: in the way.
-        let by_hand = plan_of(Some(live("uid-hand", None)));
+        let by_hand = plan_of(&c, Some(live("uid-hand", None)));
         assert!(by_hand.children.is_empty());
         assert_eq!(by_hand.conflicts[0].holder, "nobody");
         // Read, and ours (a child of a resource that moved here from another shard): updated,
         // guarded by its uid.
-        let ours = plan_of(Some(live("uid-ours", Some(("Service", "web", "uid-web")))));
+        let ours = plan_of(
+            &c,
+            Some(live("uid-ours", Some(("Service", "web", "uid-web")))),
+        );
         assert_eq!(
             ours.children[0].write,
             Write::Update {
                 uid: "uid-ours".into()
             }
         );
-        // Gone by the time it was read: created.
-        assert_eq!(plan_of(None).children[0].write, Write::Create);
+        // Gone by the time it was read (the watch has not shown its deletion yet): created.
+        assert_eq!(plan_of(&c, None).children[0].write, Write::Create);
+        // Gone when read, and made again since (the watch shows another version): not created.
+        c.name_only.insert(key("Service", "web"), 2);
+        let again = plan_of(&c, None);
+        assert!(again.children.is_empty());
+        assert_eq!(again.appeared.len(), 1);
     }
 
     #[test]
