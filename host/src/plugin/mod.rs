@@ -977,6 +977,24 @@ mod tests {
     use bindings::wasm_operator::plugin::types::RenderError as WitRenderError;
 
     #[test]
+    fn a_number_in_a_manifest_is_read_as_the_f64_its_text_names() {
+        // serde_json's default parser reads these one unit in the last place off;
+        // `float_roundtrip` (the workspace's Cargo.toml) reads what `str::parse` reads.
+        let text = r#"{"v":117.63331139400017,"w":0.9215686321258545}"#;
+        let parsed = parse_manifests(vec![text.to_owned()], Limits::default()).unwrap();
+        for key in ["v", "w"] {
+            let written = &text[text.find(&format!("\"{key}\":")).unwrap() + 4..];
+            let written = &written[..written.find([',', '}']).unwrap()];
+            assert_eq!(
+                parsed[0][key].as_f64(),
+                written.parse::<f64>().ok(),
+                "{key}"
+            );
+        }
+        assert_eq!(serde_json::to_string(&parsed[0]).unwrap(), text);
+    }
+
+    #[test]
     fn a_plugin_known_by_digest_loads_from_the_compile_cache_without_its_bytes() {
         let dir = tempfile::tempdir().unwrap();
         let runtime = Runtime::new(Limits::default(), Some(Cache::new(dir.path()))).unwrap();
