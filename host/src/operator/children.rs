@@ -415,16 +415,20 @@ fn file(
     use watcher::Event;
     match event {
         Event::Apply(o) if !kept(shard, o) => {
-            {
+            let was_known = {
                 let mut e = lock(elsewhere);
                 let (id, version) = e.entry(o);
-                e.seen.insert(id, version);
+                e.seen.insert(id, version).is_some()
+            };
+            // Known here already, it is not in the store (each event leaves an object in one
+            // of the two): the next version of another shard's child, the common case.
+            if !was_known {
+                // The store's key is the kind, namespace and name alone.
+                let mut key = LiveChild::default();
+                key.metadata.name.clone_from(&o.metadata.name);
+                key.metadata.namespace.clone_from(&o.metadata.namespace);
+                writer.apply_watcher_event(&Event::Delete(key));
             }
-            // The store's key is the kind, namespace and name alone.
-            let mut key = LiveChild::default();
-            key.metadata.name.clone_from(&o.metadata.name);
-            key.metadata.namespace.clone_from(&o.metadata.namespace);
-            writer.apply_watcher_event(&Event::Delete(key));
         }
         Event::InitApply(o) if !kept(shard, o) => {
             let mut e = lock(elsewhere);
@@ -435,9 +439,8 @@ fn file(
             // The relist's objects are known before the store's are swapped in, and what the
             // relist did not show is forgotten after.
             {
-                let mut e = lock(elsewhere);
-                let listed: Vec<(u64, u64)> = e.listing.iter().map(|(k, v)| (*k, *v)).collect();
-                e.seen.extend(listed);
+                let Elsewhere { seen, listing, .. } = &mut *lock(elsewhere);
+                seen.extend(listing.iter().map(|(id, version)| (*id, *version)));
             }
             writer.apply_watcher_event(event);
             let mut e = lock(elsewhere);
@@ -724,56 +727,35 @@ mod tests {
         let known = |name: &str| lock(&elsewhere).version("ns", name);
         let mine = serde_json::json!({ OWNER_LABEL: "u", SHARD_LABEL: "1" });
         let theirs = serde_json::json!({ OWNER_LABEL: "u", SHARD_LABEL: "0" });
-        let file = |writer: &mut _, event| file(writer, &elsewhere, shard, &event);
+        let mut file = |event| file(&mut writer, &elsewhere, shard, &event);
         use watcher::Event;
-        file(&mut writer, Event::Init);
-        file(
-            &mut writer,
-            Event::InitApply(object("mine", "1", mine.clone())),
-        );
-        file(
-            &mut writer,
-            Event::InitApply(object("theirs", "2", theirs.clone())),
-        );
-        file(
-            &mut writer,
-            Event::InitApply(object("hand", "3", serde_json::json!({}))),
-        );
+        file(Event::Init);
+        file(Event::InitApply(object("mine", "1", mine.clone())));
+        file(Event::InitApply(object("theirs", "2", theirs.clone())));
+        file(Event::InitApply(object("hand", "3", serde_json::json!({}))));
         // Nothing is known before the list is done, as in kube's store.
         assert!(known("hand").is_none());
-        file(&mut writer, Event::InitDone);
+        file(Event::InitDone);
         assert!(in_store("mine") && !in_store("theirs") && !in_store("hand"));
         assert!(known("mine").is_none());
         let version = |rv| lock(&elsewhere).version_of(Some(rv));
         assert_eq!(known("theirs"), Some(version("2")));
         assert_eq!(known("hand"), Some(version("3")));
         // A new version of an object known by name is known as that version.
-        file(
-            &mut writer,
-            Event::Apply(object("hand", "4", serde_json::json!({}))),
-        );
+        file(Event::Apply(object("hand", "4", serde_json::json!({}))));
         assert_eq!(known("hand"), Some(version("4")));
         // A child that moves to another shard leaves the store; one that comes here, enters it.
-        file(
-            &mut writer,
-            Event::Apply(object("mine", "5", theirs.clone())),
-        );
-        file(
-            &mut writer,
-            Event::Apply(object("theirs", "6", mine.clone())),
-        );
+        file(Event::Apply(object("mine", "5", theirs.clone())));
+        file(Event::Apply(object("theirs", "6", mine.clone())));
         assert!(!in_store("mine") && known("mine") == Some(version("5")));
         assert!(in_store("theirs") && known("theirs").is_none());
         // A deleted object is forgotten, wherever it was.
-        file(
-            &mut writer,
-            Event::Delete(object("hand", "7", serde_json::json!({}))),
-        );
-        file(&mut writer, Event::Delete(object("theirs", "8", mine)));
+        file(Event::Delete(object("hand", "7", serde_json::json!({}))));
+        file(Event::Delete(object("theirs", "8", mine)));
         assert!(known("hand").is_none() && !in_store("theirs"));
         // A relist forgets what it does not list again.
-        file(&mut writer, Event::Init);
-        file(&mut writer, Event::InitDone);
+        file(Event::Init);
+        file(Event::InitDone);
         assert!(known("mine").is_none() && store.is_empty());
         // Without shards, every object of ours is kept.
         assert!(kept(None, &object("x", "1", theirs)));
