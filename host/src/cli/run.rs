@@ -71,8 +71,9 @@ pub struct RunArgs {
     /// Reconciliations in flight per Kind.
     #[arg(long, default_value_t = 16)]
     pub concurrency: u16,
-    /// Applies and deletes in flight at once, across every Kind: what the operator may ask of
-    /// the API server at a time, however many reconciliations run. A ceiling: a namespace's
+    /// Applies and deletes in flight at once, across every Kind (and the reads of objects the
+    /// watches know by name only): what the operator may ask of the API server at a time,
+    /// however many reconciliations run. A ceiling: a namespace's
     /// limit halves while its writes take over 3 s, the replica's when the API server answers
     /// 429, and both grow back with quick answers.
     #[arg(long, default_value_t = 16)]

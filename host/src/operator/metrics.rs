@@ -60,6 +60,13 @@ pub struct WriteLabels {
     pub resource: String,
 }
 
+/// `resource` label of a read.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReadLabels {
+    /// The resource read, `<plural>.<group>`.
+    pub resource: String,
+}
+
 /// `watch` label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WatchLabels {
@@ -268,6 +275,9 @@ pub struct Metrics {
     pub budget_timeouts: Counter,
     /// `wasm_operator_api_writes_total`: every write request the operator sends.
     pub writes: Family<WriteLabels, Counter>,
+    /// `wasm_operator_api_reads_total`: objects the watches know by name only, read from the
+    /// API server because a render or a status record names them.
+    pub reads: Family<ReadLabels, Counter>,
     /// `wasm_operator_watch_errors_total`: errors of the watches, by watch.
     pub watch_errors: Family<WatchLabels, Counter>,
     /// `wasm_operator_report_errors_total`: status and event writes that failed.
@@ -447,6 +457,14 @@ impl Default for Metrics {
             "Write requests sent to the API server",
             writes.clone(),
         );
+        let reads = Family::<ReadLabels, Counter>::default();
+        register(
+            &mut registry,
+            &mut series,
+            "wasm_operator_api_reads",
+            "Objects the watches know by name only, read from the API server because a render or a status record names them",
+            reads.clone(),
+        );
         let leader = Family::<LeaseLabels, Gauge>::default();
         register(
             &mut registry,
@@ -566,6 +584,7 @@ impl Default for Metrics {
             budget_wait,
             budget_timeouts,
             writes,
+            reads,
             watch_errors,
             report_errors,
             plugins_prefetched,
@@ -591,6 +610,15 @@ impl Metrics {
         self.writes
             .get_or_create(&WriteLabels {
                 verb: verb.to_owned(),
+                resource: resource.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counts one read of an object known by name only.
+    pub fn read(&self, resource: &str) {
+        self.reads
+            .get_or_create(&ReadLabels {
                 resource: resource.to_owned(),
             })
             .inc();

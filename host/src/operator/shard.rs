@@ -140,6 +140,18 @@ impl Shard {
         (target != self.sharding.current(labels)).then_some(target)
     }
 
+    /// Whether this shard renders the resource `namespace/name` with `labels`: it is this
+    /// shard's and stays here. One it only moves to another shard (or sees just before it moved
+    /// away) is read for its metadata alone.
+    pub fn serves(
+        &self,
+        namespace: &str,
+        name: &str,
+        labels: Option<&BTreeMap<String, String>>,
+    ) -> bool {
+        self.owns(labels) && self.destination(namespace, name, labels).is_none()
+    }
+
     /// Whether a child whose shard label is `label` is one of this shard's: it names this
     /// shard.
     pub fn holds_child(&self, label: Option<&str>) -> bool {
@@ -270,5 +282,39 @@ mod tests {
             index: 0,
         };
         assert_eq!(one.destination("default", "web", None), None);
+    }
+
+    #[test]
+    fn a_shard_serves_what_it_owns_and_keeps() {
+        let sharding = Sharding {
+            count: 4,
+            by: ShardBy::Name,
+        };
+        let names: Vec<String> = (0..20).map(|i| format!("svc-{i}")).collect();
+        let home = |n: &str| sharding.of("default", n);
+        let stays = names.iter().find(|n| home(n) == 2).expect("one of shard 2");
+        let leaves = names.iter().find(|n| home(n) == 1).expect("one of shard 1");
+        let (zero, two) = (Shard { sharding, index: 0 }, Shard { sharding, index: 2 });
+        let at = |s: u32| labels(Some(&s.to_string()));
+        // Labelled with the shard its hash names: served there, and nowhere else.
+        assert!(two.serves("default", stays, Some(&at(2))));
+        assert!(!zero.serves("default", stays, Some(&at(2))));
+        // Unlabelled and named for shard 0: served there as it is, with no label written.
+        let of_zero = names.iter().find(|n| home(n) == 0).expect("one of shard 0");
+        assert!(zero.serves("default", of_zero, None));
+        assert!(!two.serves("default", of_zero, None));
+        // Unlabelled and named for another: shard 0's to move, served by none until labelled.
+        assert!(!zero.serves("default", stays, None));
+        assert!(!two.serves("default", stays, None));
+        // Labelled with shard 2 but named for shard 1: shard 2 moves it and does not serve it.
+        assert!(!two.serves("default", leaves, Some(&at(2))));
+        let one = Shard {
+            sharding: Sharding {
+                count: 1,
+                by: ShardBy::Name,
+            },
+            index: 0,
+        };
+        assert!(one.serves("default", leaves, None));
     }
 }

@@ -164,6 +164,24 @@ impl Shared {
         slot.done(matches!(&result, Err(kube::Error::Api(s)) if s.code == 429));
         result
     }
+    /// Reads (GET) one object in `namespace` that the watches know by name only
+    /// (`reconcile::read_name_only`), within the same limits as the writes, counted in
+    /// `wasm_operator_api_reads_total`. A render may name up to `--plugin-max-manifests` such
+    /// objects: their reads wait in the namespace's limit as its writes do, so that one tenant's
+    /// many reads delay only its own namespace, and the replica sends no more requests at once
+    /// than its writes may.
+    pub(crate) async fn read_by_name<T>(
+        &self,
+        namespace: &str,
+        ar: &ApiResource,
+        call: impl std::future::Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, kube::Error> {
+        let slot = self.writes.slot(namespace).await;
+        self.metrics.read(&format!("{}.{}", ar.plural, ar.group));
+        let result = self.fence.bounded(call).await;
+        slot.done_read(matches!(&result, Err(kube::Error::Api(s)) if s.code == 429));
+        result
+    }
 }
 
 /// A declared child kind's key: `group/version/Kind`.

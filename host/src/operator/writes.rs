@@ -1,5 +1,6 @@
-//! How many applies and deletes a replica has in flight: at most `--max-writes-in-flight`, and
-//! fewer while the API server answers slowly or sheds load.
+//! How many applies and deletes a replica has in flight (and reads of objects known by name
+//! only, below): at most `--max-writes-in-flight`, and fewer while the API server answers slowly
+//! or sheds load.
 //!
 //! Each limit follows the answers it is given, additive increase and multiplicative decrease as
 //! TCP's congestion window does: a quick answer raises it by 1/limit (about one slot per
@@ -21,6 +22,10 @@
 //!   to be slow, and a tenant that keeps its own writes slow would otherwise hold half the
 //!   count, so that any other namespace's one slow answer cut the replica's limit again after
 //!   each cut. A quick answer raises it.
+//!
+//! The reads of objects the watches know by name only (`Shared::read_by_name`) take slots as
+//! writes do: a late or refused read cuts the limits as a write's answer does, a quick one
+//! raises nothing.
 //!
 //! `--min-writes-in-flight` is the floor of both (equal to the maximum, it pins them).
 //!
@@ -268,6 +273,20 @@ impl Slot<'_> {
         self.done_at(Instant::now(), refused);
     }
 
+    /// A read held this slot and was answered (or abandoned) now: a 429 or a slow answer cuts
+    /// the limits as a write's does, a quick one raises nothing (a cheap GET says little of
+    /// what a write costs, and a namespace cut for its slow writes must not win its limit back
+    /// by reads).
+    pub(crate) fn done_read(self, refused: bool) {
+        self.done_read_at(Instant::now(), refused);
+    }
+
+    fn done_read_at(self, now: Instant, refused: bool) {
+        if refused || now.saturating_duration_since(self.started) >= SLOW {
+            self.done_at(now, refused);
+        }
+    }
+
     fn done_at(self, now: Instant, refused: bool) {
         // The slots follow the new limits when `self` drops.
         let slow = now.saturating_duration_since(self.started) >= SLOW;
@@ -400,6 +419,33 @@ mod tests {
         assert_eq!((w.limit_of("a"), w.limit()), (16, 16));
         assert!(lock(&w.namespaces).is_empty());
         assert_eq!(w.limited.get(), 0);
+    }
+
+    #[tokio::test]
+    async fn reads_cut_the_limits_as_writes_do_and_never_raise_them() {
+        let w = writes(1, 16);
+        let t0 = Instant::now();
+        let at = |slows: u32| t0 + SLOW * slows;
+        for slot in slots(&w, "a", 1, at(0)).await {
+            slot.done_at(at(1), false);
+        }
+        assert_eq!((w.limit_of("a"), w.limit()), (8, 16));
+        // Quick reads, many: the namespace's limit stays where its slow write put it.
+        for _ in 0..100 {
+            for slot in slots(&w, "a", 1, at(2)).await {
+                slot.done_read_at(at(2), false);
+            }
+        }
+        assert_eq!((w.limit_of("a"), w.limit()), (8, 16));
+        // A slow read cuts it, a refused one the replica's too.
+        for slot in slots(&w, "a", 1, at(2)).await {
+            slot.done_read_at(at(3), false);
+        }
+        assert_eq!((w.limit_of("a"), w.limit()), (4, 16));
+        for slot in slots(&w, "a", 1, at(4)).await {
+            slot.done_read_at(at(4), true);
+        }
+        assert_eq!((w.limit_of("a"), w.limit()), (2, 8));
     }
 
     #[tokio::test]

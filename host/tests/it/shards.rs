@@ -681,6 +681,20 @@ async fn a_reshard_moves_each_resource_once_and_never_two_shard_counts_at_once()
         || e.logs(),
     )
     .await;
+    // It read them (they were in no store of its own), counted by kind.
+    let metrics = http_get(e.metrics, "/metrics");
+    let read = |resource: &str| {
+        let series = format!("wasm_operator_api_reads_total{{resource=\"{resource}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&series))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    assert!(
+        read("ingresses.networking.k8s.io") >= 1.0 && read("deployments.apps") >= 1.0,
+        "replica-e's reads of objects known by name only were not counted:\n{metrics}"
+    );
     eventually(
         &format!("{moving}'s Deployment to be labelled with shard 1"),
         Duration::from_secs(30),

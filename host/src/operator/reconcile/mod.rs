@@ -295,7 +295,9 @@ async fn read_name_only<'a>(
             continue;
         }
         let api: Api<LiveChild> = Api::namespaced_with(shared.client.clone(), namespace, &ar);
-        let object = shared.fence.bounded(api.get_opt(&id.2)).await?;
+        let object = shared
+            .read_by_name(namespace, &ar, api.get_opt(&id.2))
+            .await?;
         reads.known.insert(id.clone(), known);
         reads.read.insert(id, object.map(Arc::new));
     }
@@ -339,6 +341,13 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
         }
         // Here to stay: a record of an earlier move (it came back) is let go.
         lock(&ctx.shared.labelled).remove(&uid);
+        // The watch keeps a resource it judged not this shard's to serve without its spec and
+        // status (`Shard::serves`, the same judgement as above): never rendered from, which
+        // would prune every child of a spec read as empty.
+        if obj.data.is_null() {
+            tracing::error!(controller = %ctx.controller, resource = %format!("{namespace}/{name}"), "kept without its spec by this shard's watch, yet served here: not rendered");
+            return Ok(Action::await_change());
+        }
     }
     let owner = Owner::of(obj, ctx);
     let grant = match take_budget(&owner, ctx).await {
