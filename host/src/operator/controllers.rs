@@ -106,35 +106,10 @@ impl Controllers {
             let health = (shared.metrics.clone(), watch.clone());
             let (queue, queue_name) = (shared.metrics.clone(), controller.clone());
             let (forget, forget_name) = (shared.metrics.clone(), controller.clone());
-            // With shards, a resource this shard only moves elsewhere (every resource of the
-            // cluster at first, for shard 0, whose watch lists those with no label) is kept
-            // without its spec, status, annotations and other labels: moving it writes its
-            // label alone.
             let shard = shared.shard;
             let trigger = reflector::reflector(
                 writer,
-                watcher(api, owners_config(settings)).modify(move |o| {
-                    trim_resource(o);
-                    if let Some(shard) = shard {
-                        let meta = &o.metadata;
-                        let (namespace, name) = (
-                            meta.namespace.as_deref().unwrap_or_default(),
-                            meta.name.as_deref().unwrap_or_default(),
-                        );
-                        if !shard.serves(namespace, name, meta.labels.as_ref()) {
-                            // What moving it reads: its identity, its version and its shard
-                            // label.
-                            o.data = serde_json::Value::Null;
-                            let meta = &mut o.metadata;
-                            meta.annotations = None;
-                            meta.finalizers = None;
-                            meta.owner_references = None;
-                            if let Some(labels) = meta.labels.as_mut() {
-                                labels.retain(|k, _| k == super::shard::SHARD_LABEL);
-                            }
-                        }
-                    }
-                }),
+                watcher(api, owners_config(settings)).modify(move |o| trim_served(shard, o)),
             )
             .inspect(first_list.observer())
             .inspect(move |event| watch_health(&health.0, &health.1, event))
@@ -290,6 +265,31 @@ fn owners_config(settings: &Settings) -> watcher::Config {
     match settings.shard.and_then(|s| s.sharding.selector(s.index)) {
         Some(selector) => config.labels(&selector),
         None => config,
+    }
+}
+
+/// Trims a resource of a served Kind as the store keeps it (`trim_resource`). With shards, a
+/// resource this shard only moves elsewhere (every resource of the cluster at first, for shard
+/// 0, whose watch lists those with no label) keeps only what moving it reads: its identity, its
+/// version and its shard label; no spec, status, annotations or other labels.
+fn trim_served(shard: Option<super::shard::Shard>, o: &mut Served) {
+    trim_resource(o);
+    let Some(shard) = shard else { return };
+    let meta = &o.metadata;
+    let (namespace, name) = (
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default(),
+    );
+    if shard.serves(namespace, name, meta.labels.as_ref()) {
+        return;
+    }
+    o.data = serde_json::Value::Null;
+    let meta = &mut o.metadata;
+    meta.annotations = None;
+    meta.finalizers = None;
+    meta.owner_references = None;
+    if let Some(labels) = meta.labels.as_mut() {
+        labels.retain(|k, _| k == super::shard::SHARD_LABEL);
     }
 }
 

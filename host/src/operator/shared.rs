@@ -161,9 +161,10 @@ impl Shared {
             .write(verb, &format!("{}.{}", ar.plural, ar.group));
         let result = self.fence.bounded(call).await;
         // How long it took says whether the API server keeps up; a 429 says it sheds load.
-        slot.done(matches!(&result, Err(kube::Error::Api(s)) if s.code == 429));
+        slot.done(refused(&result));
         result
     }
+
     /// Reads (GET) one object in `namespace` that the watches know by name only
     /// (`reconcile::read_name_only`), within the same limits as the writes, counted in
     /// `wasm_operator_api_reads_total`. A render may name up to `--plugin-max-manifests` such
@@ -179,9 +180,15 @@ impl Shared {
         let slot = self.writes.slot(namespace).await;
         self.metrics.read(&format!("{}.{}", ar.plural, ar.group));
         let result = self.fence.bounded(call).await;
-        slot.done_read(matches!(&result, Err(kube::Error::Api(s)) if s.code == 429));
+        slot.done_read(refused(&result));
         result
     }
+}
+
+/// Whether the API server refused a request with 429 (its client's retries spent): it sheds
+/// load.
+fn refused<T>(result: &Result<T, kube::Error>) -> bool {
+    matches!(result, Err(kube::Error::Api(s)) if s.code == 429)
 }
 
 /// A declared child kind's key: `group/version/Kind`.
