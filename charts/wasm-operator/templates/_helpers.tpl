@@ -108,7 +108,7 @@ output cap (OUTPUT_COPIES in host/src/plugin/mod.rs).
 
 {{/*
 The container's resources: .Values.resources, with limits.memory, when not given, derived as
-baseMemory plus the budget of plugin calls in flight.
+baseMemory plus the budget of plugin calls in flight plus one plugin's compile.
 */}}
 {{- define "wasm-operator.resources" -}}
 {{- $resources := deepCopy .Values.resources -}}
@@ -116,7 +116,8 @@ baseMemory plus the budget of plugin calls in flight.
 {{- if not (get $limits "memory") -}}
 {{- $base := include "wasm-operator.kibibytes" .Values.baseMemory | atoi -}}
 {{- $calls := include "wasm-operator.renderMemoryKi" . | atoi -}}
-{{- $_ := set $limits "memory" (include "wasm-operator.size" (add $base $calls)) -}}
+{{- $compile := include "wasm-operator.kibibytes" .Values.sandbox.compileMemory | atoi -}}
+{{- $_ := set $limits "memory" (include "wasm-operator.size" (add $base $calls $compile)) -}}
 {{- $_ := set $resources "limits" $limits -}}
 {{- end -}}
 {{- toYaml $resources -}}

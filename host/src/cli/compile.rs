@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use clap::Args;
 
 use super::Error;
-use crate::plugin::{Cache, Limits, Runtime};
+use crate::plugin::{Cache, Limits};
 
 /// `host compile-component`.
 #[derive(Debug, Args)]
@@ -24,9 +24,17 @@ pub struct CompileArgs {
     /// `--plugin-memory` of the runtime that will load it, in bytes (the engine's settings).
     #[arg(long, value_name = "BYTES")]
     pub plugin_memory: usize,
+    /// The most memory this process may take (its data segment: the heap and every private
+    /// writable mapping), in bytes: `host run --compile-memory`. A compile that needs more
+    /// fails here, not in the operator's container.
+    #[arg(long, value_name = "BYTES")]
+    pub memory_cap: Option<u64>,
 }
 
 pub(super) fn run(args: &CompileArgs) -> Result<ExitCode, Error> {
+    if let Some(bytes) = args.memory_cap {
+        cap_memory(bytes)?;
+    }
     let mut wasm = Vec::new();
     std::io::stdin()
         .read_to_end(&mut wasm)
@@ -42,11 +50,11 @@ pub(super) fn run(args: &CompileArgs) -> Result<ExitCode, Error> {
         memory_bytes: args.plugin_memory,
         ..Limits::default()
     };
-    let runtime = Runtime::new(limits, Some(Cache::new(&args.cache_dir)))?;
+    let cache = Cache::new(&args.cache_dir);
     // Read by the process that ran this one: exit 1 and the reason alone when the component
     // does not compile; 3 when the cache cannot be written (that process then compiles it
     // itself); 2 for the other errors, as every command.
-    match runtime.compile_into_cache(&wasm, &sha256) {
+    match crate::plugin::compile_into_cache(&limits, &cache, &wasm, &sha256)? {
         Ok(Ok(())) => Ok(ExitCode::SUCCESS),
         Ok(Err(reason)) => {
             eprintln!("{reason}");
@@ -60,4 +68,28 @@ pub(super) fn run(args: &CompileArgs) -> Result<ExitCode, Error> {
             Ok(ExitCode::from(3))
         }
     }
+}
+
+/// Caps this process's data segment (`RLIMIT_DATA`: since Linux 4.7 the heap and every private
+/// writable mapping, so also what the allocator maps for large blocks and thread stacks) at
+/// `bytes`, hard and soft: an allocation past it fails, and the process aborts saying so.
+#[cfg(unix)]
+fn cap_memory(bytes: u64) -> Result<(), Error> {
+    use rustix::process::{Resource, Rlimit, setrlimit};
+    let limit = Rlimit {
+        current: Some(bytes),
+        maximum: Some(bytes),
+    };
+    setrlimit(Resource::Data, limit).map_err(|e| {
+        Error::Usage(format!(
+            "cannot cap this process's memory at {bytes} bytes: {e}"
+        ))
+    })
+}
+
+/// Where there is no `RLIMIT_DATA`, nothing is capped (the container's limit still holds).
+#[cfg(not(unix))]
+fn cap_memory(bytes: u64) -> Result<(), Error> {
+    tracing::warn!("--memory-cap {bytes} is not applied on this platform");
+    Ok(())
 }

@@ -88,6 +88,15 @@ pub struct RunArgs {
     /// operator does not hold up the others. Default: room for two calls at the sandbox limits.
     #[arg(long, value_parser = parse_bytes, value_name = "BYTES")]
     pub render_memory: Option<usize>,
+    /// The most memory compiling one plugin may take, such as 384Mi: plugins the compile cache
+    /// lacks are compiled in a process of their own (`host compile-component`, two threads),
+    /// whose data segment (heap and private mappings) is capped at this. A plugin that needs
+    /// more fails to load and says so (a Plugin resource, in its status), instead of growing
+    /// the container past its limit. Default: not capped. The built-in plugins need less than
+    /// 48Mi; plugins built with componentize-js or componentize-py 384Mi (docs/install.md,
+    /// "Memory").
+    #[arg(long, value_parser = parse_bytes, value_name = "BYTES")]
+    pub compile_memory: Option<usize>,
     /// Threads for the operator's asynchronous work (watches, API calls, status). Renders run
     /// on threads of their own; one is enough for the rest, and spares the CPU it shares.
     #[arg(long, default_value_t = 1)]
@@ -169,7 +178,11 @@ pub(super) fn run(args: &RunArgs) -> Result<ExitCode, Error> {
         std::env::current_exe()
     };
     let plugin_runtime = match exe {
-        Ok(exe) => args.plugins.sandbox.runtime()?.compiling_apart(exe),
+        Ok(exe) => args.plugins.sandbox.runtime()?.compiling_apart(
+            exe,
+            args.compile_memory
+                .map(|bytes| u64::try_from(bytes).unwrap_or(u64::MAX)),
+        ),
         Err(e) => {
             tracing::warn!("compiling plugins in this process: cannot find its executable: {e}");
             args.plugins.sandbox.runtime()?

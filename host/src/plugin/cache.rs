@@ -49,11 +49,20 @@ pub(crate) struct Apart {
     pub exe: PathBuf,
     /// `--plugin-memory`, in bytes: the engine's settings, which the compiled form must match.
     pub memory_bytes: usize,
+    /// `--compile-memory`, in bytes: the most the compiler process may take (its data
+    /// segment); none, uncapped.
+    pub memory_cap: Option<u64>,
 }
 
 /// The longest a compile in a process of its own may take: minutes, where the JavaScript and
 /// Python plugins compile in seconds (docs/benchmarks.md).
 const COMPILE_DEADLINE: Duration = Duration::from_secs(300);
+
+/// The threads a compiler process compiles with. Its memory grows with them (the image's
+/// binary compiling the 12 MB JavaScript example: 300 MiB with one, 317 with two, 336 with
+/// four, 374 with eight), and left to itself it would start one per CPU of the node, so a cap
+/// that holds on one node would fail on a bigger one. Two take 12.8 s where one takes 19.7.
+const COMPILE_THREADS: &str = "2";
 
 /// The most of a compiler process's stderr kept for a load's error.
 const MAX_SAID: usize = 4096;
@@ -64,6 +73,16 @@ enum ApartFailure {
     Compile(String),
     /// The process could not be run: the component is compiled here instead.
     Unavailable(String),
+}
+
+/// Whether a compiler process that failed said it ran out of memory: Rust's allocator when an
+/// allocation fails ("memory allocation of N bytes failed", then an abort), a buffer that could
+/// not grow ("out of memory"), or a mapping the kernel refused (`ENOMEM`, as wasmtime reports
+/// an `mmap` that failed).
+fn out_of_memory(said: &str) -> bool {
+    ["memory allocation of", "out of memory", "os error 12"]
+        .iter()
+        .any(|sign| said.contains(sign))
 }
 
 /// `$WASM_OPERATOR_CACHE`, else `$XDG_CACHE_HOME/wasm-operator`, else `~/.cache/wasm-operator`,
@@ -209,13 +228,19 @@ impl Cache {
         let unavailable = |e: std::io::Error| ApartFailure::Unavailable(e.to_string());
         // Nothing of the operator's environment (its tokens, a `RUST_BACKTRACE` that would put a
         // backtrace in a Plugin's status): the compiler reads none.
-        let mut child = Command::new(&apart.exe)
+        let mut command = Command::new(&apart.exe);
+        command
             .arg("compile-component")
             .arg("--log-format=text")
             .arg(format!("--cache-dir={}", self.dir.display()))
             .arg(format!("--sha256={sha256}"))
-            .arg(format!("--plugin-memory={}", apart.memory_bytes))
+            .arg(format!("--plugin-memory={}", apart.memory_bytes));
+        if let Some(cap) = apart.memory_cap {
+            command.arg(format!("--memory-cap={cap}"));
+        }
+        let mut child = command
             .env_clear()
+            .env("RAYON_NUM_THREADS", COMPILE_THREADS)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -263,6 +288,21 @@ impl Cache {
                 COMPILE_DEADLINE.as_secs()
             )));
         };
+        if status.code() != Some(0)
+            && let Some(cap) = apart.memory_cap
+            && out_of_memory(&said)
+        {
+            return Err(ApartFailure::Compile(format!(
+                "compiling it needs more memory than --compile-memory allows ({}): raise it; \
+                 plugins built with componentize-js or componentize-py need 384Mi \
+                 (docs/install.md, \"Memory\"). The compiler said: {}",
+                crate::units::mib(cap),
+                said.lines()
+                    .filter(|line| !line.starts_with("note: run with `RUST_BACKTRACE"))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            )));
+        }
         match status.code() {
             Some(0) => Ok(()),
             // The component does not compile: wasmtime's reason, all the process says.

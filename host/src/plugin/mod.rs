@@ -193,22 +193,7 @@ impl Runtime {
     /// A runtime with the given limits, caching compiled components in `cache` (none: compile in
     /// memory every time).
     pub fn new(limits: Limits, cache: Option<Cache>) -> Result<Self> {
-        let mut pool = PoolingAllocationConfig::default();
-        // Instances are made per call; these bound how many calls run at once.
-        pool.total_component_instances(256)
-            .total_core_instances(2048)
-            .total_memories(512)
-            .total_tables(2048)
-            .max_memories_per_component(8)
-            .max_tables_per_component(32)
-            .max_core_instances_per_component(64)
-            .max_memory_size(limits.memory_bytes)
-            .linear_memory_keep_resident(4 << 20)
-            .table_keep_resident(64 << 10);
-        let mut config = Config::new();
-        config
-            .epoch_interruption(true)
-            .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        let config = engine_config(&limits, true);
         let engine = Engine::new(&config).map_err(|e| Error::Engine(format!("{e:#}")))?;
         let mut linker = Linker::new(&engine);
         sandbox::add_to_linker(&mut linker).map_err(|e| Error::Engine(format!("{e:#}")))?;
@@ -223,34 +208,18 @@ impl Runtime {
 
     /// The same runtime, compiling each component its cache does not hold in a process of
     /// its own, run from `exe` (this `host` executable): `host compile-component`. Without a
-    /// cache, components are compiled here as before.
+    /// cache, components are compiled here as before. `memory_cap`: the most memory, in bytes,
+    /// that process may take (none: uncapped).
     #[must_use]
-    pub fn compiling_apart(self, exe: PathBuf) -> Self {
+    pub fn compiling_apart(self, exe: PathBuf, memory_cap: Option<u64>) -> Self {
         let apart = cache::Apart {
             exe,
             memory_bytes: self.limits.memory_bytes,
+            memory_cap,
         };
         Self {
             cache: self.cache.map(|c| c.compiling_apart(apart)),
             ..self
-        }
-    }
-
-    /// Compiles `wasm` into the cache, as a load that does not find it there would: what
-    /// `host compile-component` does. `sha256` must be the digest of `wasm`. `Ok(Err)`: it
-    /// does not compile, with wasmtime's reason as a load reports it; `Err`: the cache could
-    /// not be written.
-    pub(crate) fn compile_into_cache(
-        &self,
-        wasm: &[u8],
-        sha256: &str,
-    ) -> std::io::Result<std::result::Result<(), String>> {
-        let Some(cache) = &self.cache else {
-            return Err(std::io::Error::other("no compile cache to compile into"));
-        };
-        match cache.compile_into(&self.engine, wasm, sha256) {
-            Ok((_, written)) => written.map(Ok),
-            Err(e) => Ok(Err(format!("{e:#}"))),
         }
     }
 
@@ -499,6 +468,49 @@ impl Runtime {
 }
 
 /// Increments the engine's epoch every [`TICK`] for as long as the engine lives.
+/// The engine's settings for plugins called under `limits`. `pooling`: instances come from a
+/// pool sized for the calls in flight, reserved when the engine is made (gigabytes of address
+/// space); without it, an engine that only compiles reserves nothing. Neither changes the
+/// compiled form: a component compiled by one loads in the other (tested).
+fn engine_config(limits: &Limits, pooling: bool) -> Config {
+    let mut config = Config::new();
+    config.epoch_interruption(true);
+    if pooling {
+        let mut pool = PoolingAllocationConfig::default();
+        // Instances are made per call; these bound how many calls run at once.
+        pool.total_component_instances(256)
+            .total_core_instances(2048)
+            .total_memories(512)
+            .total_tables(2048)
+            .max_memories_per_component(8)
+            .max_tables_per_component(32)
+            .max_core_instances_per_component(64)
+            .max_memory_size(limits.memory_bytes)
+            .linear_memory_keep_resident(4 << 20)
+            .table_keep_resident(64 << 10);
+        config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    }
+    config
+}
+
+/// Compiles `wasm` into `cache` for a runtime under `limits`, as its load would on finding it
+/// missing, with an engine that only compiles (no instance pool): what `host compile-component`
+/// does. `sha256` must be the digest of `wasm`. `Ok(Err)`: it does not compile, with wasmtime's
+/// reason as a load reports it; `Err`: the cache could not be written.
+pub(crate) fn compile_into_cache(
+    limits: &Limits,
+    cache: &Cache,
+    wasm: &[u8],
+    sha256: &str,
+) -> Result<std::io::Result<std::result::Result<(), String>>> {
+    let engine =
+        Engine::new(&engine_config(limits, false)).map_err(|e| Error::Engine(format!("{e:#}")))?;
+    Ok(match cache.compile_into(&engine, wasm, sha256) {
+        Ok((_, written)) => written.map(Ok),
+        Err(e) => Ok(Err(format!("{e:#}"))),
+    })
+}
+
 fn spawn_ticker(engine: &Engine) {
     let weak = engine.weak();
     std::thread::Builder::new()

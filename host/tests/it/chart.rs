@@ -535,9 +535,10 @@ fn the_values_reach_what_the_chart_renders() {
 }
 
 /// The container's memory limit is the base plus room for the plugin calls in flight, counted
-/// as the host counts them; `--render-memory` is that room.
+/// as the host counts them, plus one compile; `--render-memory` is the calls' room,
+/// `--compile-memory` the compile's.
 #[test]
-fn the_memory_limit_is_the_base_and_room_for_the_calls_in_flight() {
+fn the_memory_limit_is_the_base_and_room_for_the_calls_in_flight_and_a_compile() {
     use clap::Parser;
     let container = |sets: &[&str]| {
         let docs = documents(&template(sets));
@@ -546,18 +547,20 @@ fn the_memory_limit_is_the_base_and_room_for_the_calls_in_flight() {
             .expect("a Deployment")["spec"]["template"]["spec"]["containers"][0]
             .clone()
     };
-    for (sets, calls, budget, limit) in [
-        (&[][..], 2, "160Mi", "288Mi"),
+    for (sets, calls, budget, compile, limit) in [
+        (&[][..], 2, "160Mi", 64 << 20, "352Mi"),
         (
             &[
                 "sandbox.memory=32Mi",
                 "sandbox.output=512Ki",
                 "sandbox.callsInFlight=3",
+                "sandbox.compileMemory=384Mi",
                 "baseMemory=100Mi",
             ][..],
             3,
             "102Mi",
-            "202Mi",
+            384 << 20,
+            "586Mi",
         ),
         // Units as the host also reads them, and bytes rounded up to whole KiB.
         (
@@ -568,7 +571,8 @@ fn the_memory_limit_is_the_base_and_room_for_the_calls_in_flight() {
             ][..],
             1,
             "69444Ki",
-            "200516Ki",
+            64 << 20,
+            "266052Ki",
         ),
     ] {
         let c = container(sets);
@@ -587,6 +591,7 @@ fn the_memory_limit_is_the_base_and_room_for_the_calls_in_flight() {
         let host::cli::Command::Run(run) = parsed.command else {
             panic!("not `host run`: {args:?}")
         };
+        assert_eq!(run.compile_memory, Some(compile), "{sets:?}");
         let per_call = run.plugins.sandbox.limits().call_memory();
         let budget = run.render_memory.map_or(0, |b| b as u64);
         assert!(

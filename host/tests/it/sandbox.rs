@@ -535,11 +535,12 @@ fn a_plugin_is_compiled_in_a_process_of_its_own_whose_failure_fails_only_the_loa
             })
             .unwrap_or(0)
     };
-    let apart = |dir: &std::path::Path, exe: &str| {
+    let capped = |dir: &std::path::Path, exe: &str, cap: Option<u64>| {
         Runtime::new(limits(), Some(Cache::new(dir)))
             .unwrap()
-            .compiling_apart(PathBuf::from(exe))
+            .compiling_apart(PathBuf::from(exe), cap)
     };
+    let apart = |dir: &std::path::Path, exe: &str| capped(dir, exe, None);
     let refused = |dir: &std::path::Path, exe: &str, wasm: &[u8]| {
         apart(dir, exe)
             .load(wasm, "hostile.wasm", &ctx)
@@ -547,13 +548,29 @@ fn a_plugin_is_compiled_in_a_process_of_its_own_whose_failure_fails_only_the_loa
             .to_string()
     };
 
-    // `host compile-component` writes the compiled file; this process maps it, and it renders.
+    // `host compile-component` writes the compiled file (its engine has no instance pool, this
+    // one has: the one file serves both); this process maps it, and it renders. A cap the
+    // compile fits in changes nothing.
     let dir = tempfile::tempdir().unwrap();
-    let plugin = apart(dir.path(), env!("CARGO_BIN_EXE_host"))
+    let plugin = capped(dir.path(), env!("CARGO_BIN_EXE_host"), Some(256 << 20))
         .load(&wasm, "hostile.wasm", &ctx)
         .unwrap();
+    assert!(!plugin.from_cache());
     assert_eq!(compiled(dir.path()), 1);
     assert!(plugin.render(&hostile_resource("ok"), &ctx).is_ok());
+
+    // Under a cap it does not fit in, the compiler runs out of memory: the load fails and
+    // says which setting to raise, and the component is not compiled here instead.
+    let dir = tempfile::tempdir().unwrap();
+    let e = capped(dir.path(), env!("CARGO_BIN_EXE_host"), Some(8 << 20))
+        .load(&wasm, "hostile.wasm", &ctx)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("compiling it needs more memory than --compile-memory allows (8Mi)"),
+        "{e}"
+    );
+    assert_eq!(compiled(dir.path()), 0);
 
     // What does not compile there fails the load with wasmtime's reason, and nothing is cached.
     let dir = tempfile::tempdir().unwrap();
