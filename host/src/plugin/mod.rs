@@ -18,7 +18,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 use wasmtime::component::{Component, Linker};
-use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+use wasmtime::{
+    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, WasmBacktraceDetails,
+};
 
 pub use builtin::{BUILTINS, Builtin};
 use cache::FileStamp;
@@ -474,7 +476,12 @@ impl Runtime {
 /// compiled form: a component compiled by one loads in the other (tested).
 fn engine_config(limits: &Limits, pooling: bool) -> Config {
     let mut config = Config::new();
-    config.epoch_interruption(true);
+    // Set, not left to `WASMTIME_BACKTRACE_DETAILS` (wasmtime's default reads it): it changes
+    // the compiled form, and the compiler process runs with no environment, so an operator
+    // with that variable set could use none of what that process compiles.
+    config
+        .epoch_interruption(true)
+        .wasm_backtrace_details(WasmBacktraceDetails::Disable);
     if pooling {
         let mut pool = PoolingAllocationConfig::default();
         // Instances are made per call; these bound how many calls run at once.

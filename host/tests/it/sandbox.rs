@@ -521,6 +521,52 @@ fn cache_entries_unused_for_30_days_are_removed_when_the_host_writes() {
     }
 }
 
+/// The compiled form depends on nothing in the environment: the compiler process runs with none,
+/// and what it writes must be what the operator, whatever its environment, would have written.
+#[test]
+fn the_environment_does_not_change_what_a_plugin_compiles_to() {
+    let wasm = std::fs::read(test_guests::HOSTILE).unwrap();
+    let sha256 = host::units::sha256_hex(&wasm);
+    let compile = |env: &[(&str, &str)]| {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_host"))
+            .arg("compile-component")
+            .arg(format!("--cache-dir={}", dir.path().display()))
+            .arg(format!("--sha256={sha256}"))
+            .arg(format!("--plugin-memory={}", limits().memory_bytes))
+            .env_clear()
+            .envs(env.iter().copied())
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(&wasm).unwrap();
+        assert!(child.wait().unwrap().success());
+        let files: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                let name = e.file_name().to_string_lossy().into_owned();
+                (name, std::fs::read(e.path()).unwrap())
+            })
+            .collect();
+        files
+    };
+    let bare = compile(&[]);
+    assert_eq!(
+        bare.len(),
+        1,
+        "{:?}",
+        bare.iter().map(|f| &f.0).collect::<Vec<_>>()
+    );
+    let detailed = compile(&[("WASMTIME_BACKTRACE_DETAILS", "1")]);
+    assert_eq!(
+        detailed.iter().map(|f| &f.0).collect::<Vec<_>>(),
+        bare.iter().map(|f| &f.0).collect::<Vec<_>>()
+    );
+    assert!(detailed[0].1 == bare[0].1, "the compiled bytes differ");
+}
+
 #[test]
 fn a_plugin_is_compiled_in_a_process_of_its_own_whose_failure_fails_only_the_load() {
     let wasm = std::fs::read(test_guests::HOSTILE).unwrap();
