@@ -137,7 +137,7 @@ async fn a_service_lives_its_whole_life() {
     )
     .await;
     op.quiet().await;
-    let before = op.writes();
+    let before = op.writes_by_kind();
     op.reconciles("services.hanzo.ai", || {
         kubectl_ok(
             cp,
@@ -152,7 +152,11 @@ async fn a_service_lives_its_whole_life() {
     })
     .await;
     op.quiet().await;
-    assert_eq!(op.writes(), before, "writes during a quiet period");
+    assert_eq!(
+        op.writes_by_kind(),
+        before,
+        "writes during a quiet period (an annotation no render reads)"
+    );
     let metrics = op.scrape();
     for name in [
         "controller_runtime_reconcile_total",

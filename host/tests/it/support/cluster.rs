@@ -265,6 +265,19 @@ impl Operator {
         sum(&self.scrape(), WRITES, None)
     }
 
+    /// The writes made so far, by their labels (verb and resource), sorted: what a count that
+    /// moved should say moved.
+    pub(crate) fn writes_by_kind(&self) -> Vec<String> {
+        let mut lines: Vec<String> = self
+            .scrape()
+            .lines()
+            .filter(|l| l.strip_prefix(WRITES).is_some_and(|l| l.starts_with('{')))
+            .map(str::to_owned)
+            .collect();
+        lines.sort();
+        lines
+    }
+
     /// The reconciliations of `controller` (`<plural>.<group>`) ended so far, whatever their
     /// result.
     pub(crate) fn reconciled(&self, controller: &str) -> f64 {
