@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use clap::Args;
 
 use super::Error;
-use crate::plugin::{Cache, Limits};
+use crate::plugin::{COMPILE_THREADS, Cache, Compiled};
 
 /// `host compile-component`.
 #[derive(Debug, Args)]
@@ -21,9 +21,6 @@ pub struct CompileArgs {
     /// The sha256 (hex) of the component on stdin, which names its compiled file.
     #[arg(long)]
     pub sha256: String,
-    /// `--plugin-memory` of the runtime that will load it, in bytes (the engine's settings).
-    #[arg(long, value_name = "BYTES")]
-    pub plugin_memory: usize,
     /// The most memory this process may take (its data segment: the heap and every private
     /// writable mapping), in bytes: `host run --compile-memory`. A compile that needs more
     /// fails here, not in the operator's container.
@@ -32,6 +29,13 @@ pub struct CompileArgs {
 }
 
 pub(super) fn run(args: &CompileArgs) -> Result<ExitCode, Error> {
+    // The compiler's threads, started before the cap: a thread whose stack the cap refused
+    // would end the process as something other than out of memory. Two, whatever the CPUs (see
+    // `COMPILE_THREADS`).
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(COMPILE_THREADS)
+        .build_global()
+        .map_err(|e| Error::Compiler(e.to_string()))?;
     if let Some(bytes) = args.memory_cap {
         cap_memory(bytes)?;
     }
@@ -46,21 +50,17 @@ pub(super) fn run(args: &CompileArgs) -> Result<ExitCode, Error> {
             args.sha256
         )));
     }
-    let limits = Limits {
-        memory_bytes: args.plugin_memory,
-        ..Limits::default()
-    };
     let cache = Cache::new(&args.cache_dir);
     // Read by the process that ran this one: exit 1 and the reason alone when the component
     // does not compile; 3 when the cache cannot be written (that process then compiles it
     // itself); 2 for the other errors, as every command.
-    match crate::plugin::compile_into_cache(&limits, &cache, &wasm, &sha256)? {
-        Ok(Ok(())) => Ok(ExitCode::SUCCESS),
-        Ok(Err(reason)) => {
+    match crate::plugin::compile_into_cache(&cache, &wasm, &sha256)? {
+        Compiled::Written => Ok(ExitCode::SUCCESS),
+        Compiled::Invalid(reason) => {
             eprintln!("{reason}");
             Ok(ExitCode::FAILURE)
         }
-        Err(e) => {
+        Compiled::Unwritable(e) => {
             eprintln!(
                 "cannot write the compiled component into {}: {e}",
                 args.cache_dir.display()
@@ -71,25 +71,27 @@ pub(super) fn run(args: &CompileArgs) -> Result<ExitCode, Error> {
 }
 
 /// Caps this process's data segment (`RLIMIT_DATA`: since Linux 4.7 the heap and every private
-/// writable mapping, so also what the allocator maps for large blocks and thread stacks) at
-/// `bytes`, hard and soft: an allocation past it fails, and the process aborts saying so.
-#[cfg(unix)]
+/// writable mapping, so also what the allocator maps for large blocks) at `bytes`, hard and
+/// soft: an allocation past it fails, and the process aborts saying so.
+#[cfg(target_os = "linux")]
 fn cap_memory(bytes: u64) -> Result<(), Error> {
     use rustix::process::{Resource, Rlimit, setrlimit};
     let limit = Rlimit {
         current: Some(bytes),
         maximum: Some(bytes),
     };
-    setrlimit(Resource::Data, limit).map_err(|e| {
-        Error::Usage(format!(
-            "cannot cap this process's memory at {bytes} bytes: {e}"
-        ))
+    setrlimit(Resource::Data, limit).map_err(|e| Error::MemoryCap {
+        bytes,
+        source: e.into(),
     })
 }
 
-/// Where there is no `RLIMIT_DATA`, nothing is capped (the container's limit still holds).
-#[cfg(not(unix))]
+/// Elsewhere `RLIMIT_DATA` does not hold mappings (macOS, the BSDs): a cap asked for is refused
+/// rather than not kept (`host run` refuses `--compile-memory` there before it runs this).
+#[cfg(not(target_os = "linux"))]
 fn cap_memory(bytes: u64) -> Result<(), Error> {
-    tracing::warn!("--memory-cap {bytes} is not applied on this platform");
-    Ok(())
+    Err(Error::MemoryCap {
+        bytes,
+        source: std::io::Error::other("not kept on this system (Linux only)"),
+    })
 }

@@ -27,6 +27,17 @@ pub enum Error {
     /// The command line asks for something the command does not do.
     #[error("{0}")]
     Usage(String),
+    /// `host compile-component` could not cap its own memory.
+    #[error("cannot cap this process's memory at {bytes} bytes: {source}")]
+    MemoryCap {
+        /// The cap asked for.
+        bytes: u64,
+        #[source]
+        source: std::io::Error,
+    },
+    /// `host compile-component` could not start its compiler threads.
+    #[error("cannot start the compiler's threads: {0}")]
+    Compiler(String),
     /// No kubeconfig, or one that cannot be used (a file, a context).
     #[error("cannot use {what}: {reason}")]
     Kubeconfig {

@@ -92,9 +92,10 @@ pub struct RunArgs {
     /// lacks are compiled in a process of their own (`host compile-component`, two threads),
     /// whose data segment (heap and private mappings) is capped at this. A plugin that needs
     /// more fails to load and says so (a Plugin resource, in its status), instead of growing
-    /// the container past its limit. Default: not capped. The built-in plugins need less than
-    /// 48Mi; plugins built with componentize-js or componentize-py 384Mi (docs/install.md,
-    /// "Memory").
+    /// the container past its limit; one compiles at a time. Linux only; not with --no-cache.
+    /// Default: not capped. The built-in plugins need 48Mi at most; plugins built with
+    /// componentize-js or componentize-py 384Mi with the operator's image, 480Mi with a glibc
+    /// build (docs/install.md, "Memory").
     #[arg(long, value_parser = parse_bytes, value_name = "BYTES")]
     pub compile_memory: Option<usize>,
     /// Threads for the operator's asynchronous work (watches, API calls, status). Renders run
@@ -131,6 +132,26 @@ fn render_memory(args: &RunArgs) -> Result<u64, Error> {
         return Err(Error::RenderMemoryTooSmall { budget, needs });
     }
     Ok(budget)
+}
+
+/// `--compile-memory` in bytes, refused where it would not be kept: with `--no-cache` plugins
+/// are compiled in the operator's process, and only Linux's `RLIMIT_DATA` holds mappings.
+fn compile_memory(args: &RunArgs) -> Result<Option<u64>, Error> {
+    let Some(bytes) = args.compile_memory else {
+        return Ok(None);
+    };
+    if args.plugins.sandbox.no_cache {
+        return Err(Error::Usage(
+            "--compile-memory cannot be kept with --no-cache: plugins are then compiled in the operator's own process".into(),
+        ));
+    }
+    if !cfg!(target_os = "linux") {
+        return Err(Error::Usage(
+            "--compile-memory is kept on Linux only (RLIMIT_DATA holds no mappings elsewhere)"
+                .into(),
+        ));
+    }
+    Ok(Some(u64::try_from(bytes).unwrap_or(u64::MAX)))
 }
 
 /// How long a reconciliation may run before `/healthz` fails: as asked, but never less than a
@@ -177,12 +198,18 @@ pub(super) fn run(args: &RunArgs) -> Result<ExitCode, Error> {
     } else {
         std::env::current_exe()
     };
+    let compile_memory = compile_memory(args)?;
     let plugin_runtime = match exe {
-        Ok(exe) => args.plugins.sandbox.runtime()?.compiling_apart(
-            exe,
-            args.compile_memory
-                .map(|bytes| u64::try_from(bytes).unwrap_or(u64::MAX)),
-        ),
+        Ok(exe) => args
+            .plugins
+            .sandbox
+            .runtime()?
+            .compiling_apart(exe, compile_memory),
+        Err(e) if compile_memory.is_some() => {
+            return Err(Error::Usage(format!(
+                "--compile-memory needs this executable, to run the compiler from: cannot find it ({e})"
+            )));
+        }
         Err(e) => {
             tracing::warn!("compiling plugins in this process: cannot find its executable: {e}");
             args.plugins.sandbox.runtime()?
@@ -290,6 +317,20 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "--render-memory 64Mi is less than one plugin call may need, 80Mi (--plugin-memory and 4 times --plugin-output); raise it, or lower those"
+        );
+    }
+
+    #[test]
+    fn the_compile_memory_is_kept_or_refused_never_ignored() {
+        assert_eq!(compile_memory(&run_args(&[])).unwrap(), None);
+        assert_eq!(
+            compile_memory(&run_args(&["--compile-memory=384Mi"])).unwrap(),
+            Some(384 << 20)
+        );
+        let e = compile_memory(&run_args(&["--compile-memory=384Mi", "--no-cache"])).unwrap_err();
+        assert!(
+            e.to_string().contains("cannot be kept with --no-cache"),
+            "{e}"
         );
     }
 }

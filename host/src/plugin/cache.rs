@@ -47,12 +47,15 @@ pub(crate) struct Apart {
     /// The `host` executable (`/proc/self/exe` on Linux: the running binary, even once the
     /// file it came from was replaced).
     pub exe: PathBuf,
-    /// `--plugin-memory`, in bytes: the engine's settings, which the compiled form must match.
-    pub memory_bytes: usize,
-    /// `--compile-memory`, in bytes: the most the compiler process may take (its data
-    /// segment); none, uncapped.
+    /// The most memory, in bytes, the compiler process may take (its data segment: see
+    /// `host compile-component --memory-cap`); none, uncapped.
     pub memory_cap: Option<u64>,
 }
+
+/// Held while a compiler process runs: one at a time per operator, so that the memory room the
+/// operator keeps for compiling (the chart counts one cap) holds however many plugins a start
+/// or a burst of `Plugin` resources asks for at once.
+static COMPILING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The longest a compile in a process of its own may take: minutes, where the JavaScript and
 /// Python plugins compile in seconds (docs/benchmarks.md).
@@ -62,17 +65,100 @@ const COMPILE_DEADLINE: Duration = Duration::from_secs(300);
 /// binary compiling the 12 MB JavaScript example: 300 MiB with one, 317 with two, 336 with
 /// four, 374 with eight), and left to itself it would start one per CPU of the node, so a cap
 /// that holds on one node would fail on a bigger one. Two take 12.8 s where one takes 19.7.
-const COMPILE_THREADS: &str = "2";
+pub(crate) const COMPILE_THREADS: usize = 2;
 
 /// The most of a compiler process's stderr kept for a load's error.
 const MAX_SAID: usize = 4096;
 
 /// Why a compile in a process of its own gave no compiled file.
+#[derive(Debug, PartialEq, Eq)]
 enum ApartFailure {
-    /// The component does not compile (or the compiler died): the load fails with this.
-    Compile(String),
+    /// The component does not compile: wasmtime's reason, the load's failure.
+    Invalid(String),
+    /// The compiler process failed otherwise (it ran out of memory under its cap, died, or was
+    /// stopped): the load fails with this, and the component is not compiled here instead.
+    Compiler(String),
     /// The process could not be run: the component is compiled here instead.
     Unavailable(String),
+}
+
+/// A compiler process's failure that is not wasmtime's judgement of the component (out of
+/// memory, killed, stopped): a load says it as it is, not as an invalid component.
+#[derive(Debug)]
+pub(crate) struct CompilerFailed(pub String);
+
+impl std::fmt::Display for CompilerFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for CompilerFailed {}
+
+/// What a compiler process's end means: its exit code (none: killed by a signal), its status
+/// as said, what it said on stderr, and its memory cap. Exit 1 is wasmtime's verdict on the
+/// component, 3 a cache it could not write (after compiling). Under a cap, every other failure
+/// fails the load: compiling here instead would be compiling without the cap.
+fn judge(
+    code: Option<i32>,
+    status: &str,
+    said: &str,
+    cap: Option<u64>,
+) -> Result<(), ApartFailure> {
+    let said = said
+        .lines()
+        .filter(|line| !line.starts_with("note: run with `RUST_BACKTRACE"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let nothing = |said: &str| {
+        if said.is_empty() {
+            "nothing said".to_owned()
+        } else {
+            said.to_owned()
+        }
+    };
+    match (code, cap) {
+        (Some(0), _) => Ok(()),
+        // wasmtime refused a mapping (`ENOMEM`): under a cap, the cap's doing.
+        (Some(1), Some(cap)) if said.contains("(os error 12)") => {
+            Err(ApartFailure::Compiler(over_cap(cap, &said)))
+        }
+        (Some(1), _) if !said.is_empty() => Err(ApartFailure::Invalid(said)),
+        (Some(3), _) => Err(ApartFailure::Unavailable(format!(
+            "it could not write the cache: {}",
+            nothing(&said)
+        ))),
+        (_, Some(cap)) if out_of_memory(&said) => Err(ApartFailure::Compiler(over_cap(cap, &said))),
+        (None, Some(cap)) => Err(ApartFailure::Compiler(format!(
+            "the compiler process was killed ({status}) under its memory cap of {}: it ran out \
+             of memory, or crashed ({})",
+            crate::units::mib(cap),
+            nothing(&said)
+        ))),
+        (None, None) => Err(ApartFailure::Compiler(format!(
+            "the compiler process was killed ({status}): out of memory, or a compiler crash"
+        ))),
+        (Some(code), Some(_)) => Err(ApartFailure::Compiler(format!(
+            "the compiler process exited with {code}: {}",
+            nothing(&said)
+        ))),
+        // Anything else (a `host` without this command) is not the component's fault.
+        (Some(code), None) => Err(ApartFailure::Unavailable(format!(
+            "it exited with {code}: {}",
+            nothing(&said)
+        ))),
+    }
+}
+
+/// The failure of a compile that needed more memory than `cap` bytes.
+fn over_cap(cap: u64, said: &str) -> String {
+    format!(
+        "compiling it needs more memory than the compiler may take ({}, --compile-memory): \
+         raise it (plugins built with componentize-js or componentize-py need 384Mi with the \
+         operator's image, 480Mi with a glibc build: docs/install.md, \"Memory\"). The compiler \
+         said: {said}",
+        crate::units::mib(cap)
+    )
 }
 
 /// Whether a compiler process that failed said it ran out of memory: Rust's allocator when an
@@ -184,7 +270,10 @@ impl Cache {
                         "compiled in a process of its own, but the cache holds no usable file for this engine: compiling here"
                     ),
                 },
-                Err(ApartFailure::Compile(reason)) => return Err(wasmtime::Error::msg(reason)),
+                Err(ApartFailure::Invalid(reason)) => return Err(wasmtime::Error::msg(reason)),
+                Err(ApartFailure::Compiler(reason)) => {
+                    return Err(wasmtime::Error::new(CompilerFailed(reason)));
+                }
                 Err(ApartFailure::Unavailable(reason)) => tracing::warn!(
                     sha256,
                     "cannot compile in a process of its own ({reason}): compiling here"
@@ -226,6 +315,9 @@ impl Cache {
         use std::io::{Read, Write};
         use std::process::{Command, Stdio};
         let unavailable = |e: std::io::Error| ApartFailure::Unavailable(e.to_string());
+        let _one = COMPILING
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         // Nothing of the operator's environment (its tokens, a `RUST_BACKTRACE` that would put a
         // backtrace in a Plugin's status): the compiler reads none.
         let mut command = Command::new(&apart.exe);
@@ -233,14 +325,12 @@ impl Cache {
             .arg("compile-component")
             .arg("--log-format=text")
             .arg(format!("--cache-dir={}", self.dir.display()))
-            .arg(format!("--sha256={sha256}"))
-            .arg(format!("--plugin-memory={}", apart.memory_bytes));
+            .arg(format!("--sha256={sha256}"));
         if let Some(cap) = apart.memory_cap {
             command.arg(format!("--memory-cap={cap}"));
         }
         let mut child = command
             .env_clear()
-            .env("RAYON_NUM_THREADS", COMPILE_THREADS)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -283,44 +373,12 @@ impl Cache {
             (waited, reader.join().unwrap_or_default())
         });
         let Some(status) = waited.map_err(unavailable)? else {
-            return Err(ApartFailure::Compile(format!(
+            return Err(ApartFailure::Compiler(format!(
                 "the compiler process did not finish within {} s: stopped",
                 COMPILE_DEADLINE.as_secs()
             )));
         };
-        if status.code() != Some(0)
-            && let Some(cap) = apart.memory_cap
-            && out_of_memory(&said)
-        {
-            return Err(ApartFailure::Compile(format!(
-                "compiling it needs more memory than --compile-memory allows ({}): raise it; \
-                 plugins built with componentize-js or componentize-py need 384Mi \
-                 (docs/install.md, \"Memory\"). The compiler said: {}",
-                crate::units::mib(cap),
-                said.lines()
-                    .filter(|line| !line.starts_with("note: run with `RUST_BACKTRACE"))
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            )));
-        }
-        match status.code() {
-            Some(0) => Ok(()),
-            // The component does not compile: wasmtime's reason, all the process says.
-            Some(1) if !said.is_empty() => Err(ApartFailure::Compile(said)),
-            // Anything else (the cache not writable, a `host` without this command) is not the
-            // component's fault.
-            Some(code) => Err(ApartFailure::Unavailable(format!(
-                "it exited with {code}: {}",
-                if said.is_empty() {
-                    "nothing said"
-                } else {
-                    &said
-                }
-            ))),
-            None => Err(ApartFailure::Compile(format!(
-                "the compiler process was killed ({status}): out of memory, or a compiler crash"
-            ))),
-        }
+        judge(status.code(), &status.to_string(), &said, apart.memory_cap)
     }
 
     /// Where the description of the component with this sha256 under `ctx` lives. The host's
@@ -560,6 +618,74 @@ mod tests {
 
     fn stamp(path: &Path) -> FileStamp {
         FileStamp::of(&std::fs::metadata(path).unwrap()).expect("a Unix stamp")
+    }
+
+    /// How a compiler process's end is read, with and without a memory cap: under one, nothing
+    /// but a cache it could not write sends the compile back into the operator (uncapped).
+    #[test]
+    fn a_compiler_that_fails_under_a_cap_fails_the_load_and_says_why() {
+        use ApartFailure::{Compiler, Invalid, Unavailable};
+        let cap = Some(64 << 20);
+        let kind = |r: Result<(), ApartFailure>| match r {
+            Ok(()) => "ok",
+            Err(Invalid(_)) => "invalid",
+            Err(Compiler(_)) => "compiler",
+            Err(Unavailable(_)) => "unavailable",
+        };
+        let oom = "memory allocation of 4194304 bytes failed\nnote: run with `RUST_BACKTRACE=1` environment variable to display a backtrace";
+        let abort = "signal: 6 (SIGABRT) (core dumped)";
+        for (code, said, cap, expected) in [
+            (Some(0), "", cap, "ok"),
+            (Some(1), "invalid input WebAssembly code", cap, "invalid"),
+            (Some(1), "invalid input WebAssembly code", None, "invalid"),
+            // A name in the component that reads like running out of memory is its own.
+            (
+                Some(1),
+                "export `out of memory` is not valid",
+                cap,
+                "invalid",
+            ),
+            (
+                Some(1),
+                "failed to mmap: Cannot allocate memory (os error 12)",
+                cap,
+                "compiler",
+            ),
+            (Some(3), "cannot write", cap, "unavailable"),
+            (None, oom, cap, "compiler"),
+            (None, "", cap, "compiler"),
+            (None, "", None, "compiler"),
+            (
+                Some(2),
+                "error: cannot read the component on stdin: out of memory",
+                cap,
+                "compiler",
+            ),
+            (
+                Some(101),
+                "panicked: Resource temporarily unavailable (os error 11)",
+                cap,
+                "compiler",
+            ),
+            (Some(2), "unrecognized subcommand", None, "unavailable"),
+            (Some(1), "", None, "unavailable"),
+        ] {
+            assert_eq!(
+                kind(judge(code, abort, said, cap)),
+                expected,
+                "{code:?} {said:?} {cap:?}"
+            );
+        }
+        let Err(Compiler(said)) = judge(None, abort, oom, cap) else {
+            panic!("not the compiler's failure")
+        };
+        assert_eq!(
+            said,
+            "compiling it needs more memory than the compiler may take (64Mi, --compile-memory): \
+             raise it (plugins built with componentize-js or componentize-py need 384Mi with the \
+             operator's image, 480Mi with a glibc build: docs/install.md, \"Memory\"). The \
+             compiler said: memory allocation of 4194304 bytes failed"
+        );
     }
 
     #[test]

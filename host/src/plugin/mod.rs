@@ -23,6 +23,7 @@ use wasmtime::{
 };
 
 pub use builtin::{BUILTINS, Builtin};
+pub(crate) use cache::COMPILE_THREADS;
 use cache::FileStamp;
 pub use cache::{Cache, default_cache_dir};
 
@@ -195,7 +196,7 @@ impl Runtime {
     /// A runtime with the given limits, caching compiled components in `cache` (none: compile in
     /// memory every time).
     pub fn new(limits: Limits, cache: Option<Cache>) -> Result<Self> {
-        let config = engine_config(&limits, true);
+        let config = engine_config(Some(instance_pool(&limits)));
         let engine = Engine::new(&config).map_err(|e| Error::Engine(format!("{e:#}")))?;
         let mut linker = Linker::new(&engine);
         sandbox::add_to_linker(&mut linker).map_err(|e| Error::Engine(format!("{e:#}")))?;
@@ -214,11 +215,7 @@ impl Runtime {
     /// that process may take (none: uncapped).
     #[must_use]
     pub fn compiling_apart(self, exe: PathBuf, memory_cap: Option<u64>) -> Self {
-        let apart = cache::Apart {
-            exe,
-            memory_bytes: self.limits.memory_bytes,
-            memory_cap,
-        };
+        let apart = cache::Apart { exe, memory_cap };
         Self {
             cache: self.cache.map(|c| c.compiling_apart(apart)),
             ..self
@@ -341,7 +338,9 @@ impl Runtime {
         }
         .map_err(|e| LoadFailure {
             step: Step::Compile,
-            reason: if wasm.starts_with(b"\0asm") {
+            reason: if e.is::<cache::CompilerFailed>() {
+                e.to_string()
+            } else if wasm.starts_with(b"\0asm") {
                 format!("not a valid WebAssembly component: {e:#}")
             } else {
                 "not a WebAssembly component (no \\0asm header)".to_owned()
@@ -469,12 +468,11 @@ impl Runtime {
     }
 }
 
-/// Increments the engine's epoch every [`TICK`] for as long as the engine lives.
-/// The engine's settings for plugins called under `limits`. `pooling`: instances come from a
-/// pool sized for the calls in flight, reserved when the engine is made (gigabytes of address
-/// space); without it, an engine that only compiles reserves nothing. Neither changes the
-/// compiled form: a component compiled by one loads in the other (tested).
-fn engine_config(limits: &Limits, pooling: bool) -> Config {
+/// The engine's settings, with the instance pool `pool` (none: an engine that only compiles).
+/// The pool holds the instances of the calls in flight and is reserved when the engine is made
+/// (gigabytes of address space); the compiler process has no use for it. The pool is not part
+/// of the compiled form: a component compiled without it loads in an engine with it (tested).
+fn engine_config(pool: Option<PoolingAllocationConfig>) -> Config {
     let mut config = Config::new();
     // Set, not left to `WASMTIME_BACKTRACE_DETAILS` (wasmtime's default reads it): it changes
     // the compiled form, and the compiler process runs with no environment, so an operator
@@ -482,42 +480,53 @@ fn engine_config(limits: &Limits, pooling: bool) -> Config {
     config
         .epoch_interruption(true)
         .wasm_backtrace_details(WasmBacktraceDetails::Disable);
-    if pooling {
-        let mut pool = PoolingAllocationConfig::default();
-        // Instances are made per call; these bound how many calls run at once.
-        pool.total_component_instances(256)
-            .total_core_instances(2048)
-            .total_memories(512)
-            .total_tables(2048)
-            .max_memories_per_component(8)
-            .max_tables_per_component(32)
-            .max_core_instances_per_component(64)
-            .max_memory_size(limits.memory_bytes)
-            .linear_memory_keep_resident(4 << 20)
-            .table_keep_resident(64 << 10);
+    if let Some(pool) = pool {
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     }
     config
 }
 
-/// Compiles `wasm` into `cache` for a runtime under `limits`, as its load would on finding it
-/// missing, with an engine that only compiles (no instance pool): what `host compile-component`
-/// does. `sha256` must be the digest of `wasm`. `Ok(Err)`: it does not compile, with wasmtime's
-/// reason as a load reports it; `Err`: the cache could not be written.
-pub(crate) fn compile_into_cache(
-    limits: &Limits,
-    cache: &Cache,
-    wasm: &[u8],
-    sha256: &str,
-) -> Result<std::io::Result<std::result::Result<(), String>>> {
-    let engine =
-        Engine::new(&engine_config(limits, false)).map_err(|e| Error::Engine(format!("{e:#}")))?;
+/// The instance pool of a runtime whose calls run under `limits`.
+fn instance_pool(limits: &Limits) -> PoolingAllocationConfig {
+    let mut pool = PoolingAllocationConfig::default();
+    // Instances are made per call; these bound how many calls run at once.
+    pool.total_component_instances(256)
+        .total_core_instances(2048)
+        .total_memories(512)
+        .total_tables(2048)
+        .max_memories_per_component(8)
+        .max_tables_per_component(32)
+        .max_core_instances_per_component(64)
+        .max_memory_size(limits.memory_bytes)
+        .linear_memory_keep_resident(4 << 20)
+        .table_keep_resident(64 << 10);
+    pool
+}
+
+/// What compiling a component into the cache came to (`host compile-component`).
+#[derive(Debug)]
+pub(crate) enum Compiled {
+    /// Compiled and written.
+    Written,
+    /// It does not compile: wasmtime's reason, as a load reports it.
+    Invalid(String),
+    /// Compiled, but the cache could not be written.
+    Unwritable(std::io::Error),
+}
+
+/// Compiles `wasm` into `cache` as a load that does not find it there would, with an engine
+/// that only compiles (no instance pool): what `host compile-component` does. `sha256` must be
+/// the digest of `wasm`.
+pub(crate) fn compile_into_cache(cache: &Cache, wasm: &[u8], sha256: &str) -> Result<Compiled> {
+    let engine = Engine::new(&engine_config(None)).map_err(|e| Error::Engine(format!("{e:#}")))?;
     Ok(match cache.compile_into(&engine, wasm, sha256) {
-        Ok((_, written)) => written.map(Ok),
-        Err(e) => Ok(Err(format!("{e:#}"))),
+        Ok((_, Ok(()))) => Compiled::Written,
+        Ok((_, Err(e))) => Compiled::Unwritable(e),
+        Err(e) => Compiled::Invalid(format!("{e:#}")),
     })
 }
 
+/// Increments the engine's epoch every [`TICK`] for as long as the engine lives.
 fn spawn_ticker(engine: &Engine) {
     let weak = engine.weak();
     std::thread::Builder::new()

@@ -680,6 +680,26 @@ fn the_chart_refuses_unknown_values_and_documents_the_known_ones() {
     ] {
         assert!(committed.contains(value), "{value} is not in the README");
     }
+    // Each described whole: helm-docs starts a description again at a comment line that
+    // begins with `--`, which leaves the first lines out.
+    for row in committed
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| Key"))
+    {
+        let description = row
+            .trim_end_matches('|')
+            .rsplit(" | ")
+            .next()
+            .unwrap_or_default();
+        assert!(
+            description
+                .trim()
+                .chars()
+                .next()
+                .is_some_and(char::is_uppercase),
+            "a value's description is cut short in the README: {row}"
+        );
+    }
 
     // Names: fullnameOverride names everything; nameOverride the name label and the full name.
     let named = deployment(&documents(&template(&["fullnameOverride=ops"])));

@@ -534,7 +534,6 @@ fn the_environment_does_not_change_what_a_plugin_compiles_to() {
             .arg("compile-component")
             .arg(format!("--cache-dir={}", dir.path().display()))
             .arg(format!("--sha256={sha256}"))
-            .arg(format!("--plugin-memory={}", limits().memory_bytes))
             .env_clear()
             .envs(env.iter().copied())
             .stdin(std::process::Stdio::piped())
@@ -604,6 +603,15 @@ fn a_plugin_is_compiled_in_a_process_of_its_own_whose_failure_fails_only_the_loa
     assert!(!plugin.from_cache());
     assert_eq!(compiled(dir.path()), 1);
     assert!(plugin.render(&hostile_resource("ok"), &ctx).is_ok());
+    // The file is the other process's: a runtime that cannot compile apart (no executable)
+    // and finds it usable loads it from the cache.
+    let again = apart(dir.path(), "/nonexistent/host")
+        .load(&wasm, "hostile.wasm", &ctx)
+        .unwrap();
+    assert!(
+        again.from_cache(),
+        "the compiler process's file was not usable here"
+    );
 
     // Under a cap it does not fit in, the compiler runs out of memory: the load fails and
     // says which setting to raise, and the component is not compiled here instead.
@@ -613,7 +621,9 @@ fn a_plugin_is_compiled_in_a_process_of_its_own_whose_failure_fails_only_the_loa
         .unwrap_err()
         .to_string();
     assert!(
-        e.contains("compiling it needs more memory than --compile-memory allows (8Mi)"),
+        e.starts_with(
+            "plugin hostile.wasm: compiling it needs more memory than the compiler may take (8Mi, --compile-memory): raise it"
+        ),
         "{e}"
     );
     assert_eq!(compiled(dir.path()), 0);
