@@ -218,6 +218,9 @@ async fn the_image_runs_as_the_in_cluster_operator() {
             &format!("metrics.healthPort={health_port}"),
             "metrics.certSecret=metrics-tls",
             "pluginResources.enabled=true",
+            // The JavaScript plugin below compiles in 368Mi with this image; the default (64Mi)
+            // is room for Rust guests (docs/install.md, "Memory").
+            "sandbox.compileMemory=384Mi",
         ],
     );
     let manifests = tempfile::NamedTempFile::new().unwrap();

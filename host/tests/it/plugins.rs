@@ -1,7 +1,8 @@
 //! `Plugin` resources on the real control plane, with a real registry: a plugin pushed, named by
 //! a `Plugin`, served without a restart; upgraded to a new digest; a broken version that leaves
 //! the last good one serving; a second Plugin claiming the same Kind refused; deleted, its CRD
-//! and resources left in place.
+//! and resources left in place; one whose compile needs more memory than the operator's cap
+//! refused, saying which setting to raise.
 
 use std::time::Duration;
 
@@ -409,6 +410,62 @@ pub(crate) fn settings_for(
         }),
         ..settings(Vec::new(), "default", "live")
     }
+}
+
+/// An operator that compiles plugins under `--compile-memory` too small for one: the Plugin
+/// says so, naming the setting, and nothing of it is compiled in the operator's own process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_that_needs_more_memory_to_compile_than_the_cap_says_so() {
+    let cp = ControlPlane::start().unwrap();
+    let _logs = cp.logs_on_failure();
+    let registry = Registry::start(RegistryOptions::default()).unwrap();
+    let pinned = push(
+        &registry,
+        "plugins/hostile",
+        &std::fs::read(test_guests::HOSTILE).unwrap(),
+    )
+    .await;
+    install_plugin_crd(&cp);
+    // An empty compile cache of its own, as in a new pod.
+    let (cache, store) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let runtime = host::plugin::Runtime::new(
+        host::plugin::Limits::default(),
+        Some(host::plugin::Cache::new(cache.path())),
+    )
+    .unwrap()
+    .compiling_apart(env!("CARGO_BIN_EXE_host").into(), Some(8 << 20));
+    let operator = Operator::run(
+        cp.client().await.unwrap(),
+        host::registry::Registry::load(&runtime, Default::default(), false, &[]).unwrap(),
+        settings_for(&runtime, store.path()),
+    );
+    apply_cluster(&cp, &plugin("tight", &pinned));
+    eventually(
+        "the Plugin to say its compile needs more memory",
+        Duration::from_secs(60),
+        || {
+            ready(&plugin_status(&cp, "tight")).2.contains(
+                "compiling it needs more memory than the compiler may take (8Mi, --compile-memory): raise it",
+            )
+        },
+    )
+    .await;
+    let (status, reason, _) = ready(&plugin_status(&cp, "tight"));
+    assert_eq!(status, "False", "{reason}");
+    let compiled = std::fs::read_dir(cache.path())
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".cwasm"))
+                .count()
+        })
+        .unwrap_or(0);
+    assert_eq!(compiled, 0, "compiled all the same");
+    assert!(
+        !kubectl(&cp, &["get", "crd", "hostiles.test.wasm-operator.dev"]).0,
+        "its Kind was installed"
+    );
+    operator.stop().await;
 }
 
 /// An example plugin (`examples/plugins/NAME`) served as its author would ship it, and the
