@@ -307,7 +307,7 @@ impl ObservedChild {
 }
 
 /// A group/version/kind.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct GroupVersionKind {
     /// The API group; empty for the core group.
     pub group: String,
@@ -329,7 +329,7 @@ impl GroupVersionKind {
 }
 
 /// An additional printer column of a Kind.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PrinterColumn {
     /// Column header.
     pub name: String,
@@ -357,7 +357,7 @@ impl PrinterColumn {
 }
 
 /// One Kind a plugin serves.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct KindInfo {
     /// API group.
     pub group: String,
@@ -386,7 +386,7 @@ pub struct KindInfo {
 /// A field of a Kind's spec that names another object of the resource's namespace, which the
 /// render hands to what it creates (contract 1.2). The operator would use that object with its
 /// own rights; the host has the API server refuse a resource whose author could not use it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Reference {
     /// The field holding the name, from the resource's root: `spec.`, then field names, with
     /// `[]` after a list's name for each of its items (`spec.envFrom[].secretRef.name`).
@@ -396,7 +396,7 @@ pub struct Reference {
 }
 
 /// What kind of object a spec field names, and so what its author must be allowed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ReferenceTarget {
     /// A Secret (`get`).
     Secret,
@@ -454,7 +454,7 @@ impl GroupVersionKind {
 }
 
 /// What the host needs to know about a plugin.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PluginInfo {
     /// Short name for logs and errors.
     pub name: String,

@@ -382,9 +382,9 @@ impl Cache {
     }
 
     /// Where the description of the component with this sha256 under `ctx` lives. The host's
-    /// version is in the name because the file holds the host's form of the WIT record, and
-    /// `with-references` because it holds the status schemas (contract 1.1) and the references
-    /// (contract 1.2) too.
+    /// version is in the name because the file holds the host's form of the description, as
+    /// this host checked it (`checked`: earlier hosts kept the WIT record, with each schema as
+    /// text, and checked it at every load).
     fn description_path(&self, sha256: &str, ctx: &Context) -> PathBuf {
         let mut h = Sha256::new();
         h.update(ctx.api_group.as_bytes());
@@ -395,7 +395,7 @@ impl Cache {
             .map(|b| format!("{b:02x}"))
             .collect();
         self.dir.join(format!(
-            "{sha256}-host{}-{ctx_hash}-with-references.describe.json",
+            "{sha256}-host{}-{ctx_hash}-checked.describe.json",
             env!("CARGO_PKG_VERSION")
         ))
     }

@@ -446,23 +446,22 @@ impl Runtime {
 
     /// What the plugin says about itself under `ctx`: from the cache when this component has
     /// described itself under this context before (`describe` is a pure function of the two),
-    /// else by calling it, and caching the answer.
+    /// else by calling it, checking the answer, and caching it. The cache holds the checked
+    /// description in the host's form (schemas as JSON, not as text inside JSON), so a load
+    /// parses each schema once and does not check it again (docs/benchmarks.md, "Plugin
+    /// load"). Whoever can write the cache can already change what the host runs (the compiled
+    /// components are there too).
     fn description(&self, inner: &Inner, ctx: &Context) -> std::result::Result<PluginInfo, String> {
         if let Some(cache) = &self.cache
-            && let Some((raw, status, references)) = cache.load_description(&inner.sha256, ctx)
+            && let Some(info) = cache.load_description::<PluginInfo>(&inner.sha256, ctx)
         {
-            match bindings::plugin_info(raw, status, references) {
-                Ok(info) => return Ok(info),
-                Err(e) => {
-                    tracing::warn!(plugin = %inner.source, "ignoring a cached description: {e}")
-                }
-            }
+            return Ok(info);
         }
         let raw = inner.describe_raw(ctx).map_err(|e| e.to_string())?;
-        let info = bindings::plugin_info(raw.0.clone(), raw.1.clone(), raw.2.clone())
+        let info = bindings::plugin_info(raw.0, raw.1, raw.2)
             .map_err(|e| PluginError::BadDescription(e).to_string())?;
         if let Some(cache) = &self.cache {
-            cache.store_description(&inner.sha256, ctx, &raw);
+            cache.store_description(&inner.sha256, ctx, &info);
         }
         Ok(info)
     }
@@ -1020,6 +1019,28 @@ mod tests {
             );
         }
         assert_eq!(serde_json::to_string(&parsed[0]).unwrap(), text);
+    }
+
+    #[test]
+    fn a_cached_description_is_the_description_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let runtime = Runtime::new(Limits::default(), Some(Cache::new(dir.path()))).unwrap();
+        let described = Runtime::new(Limits::default(), None).unwrap();
+        for ctx in [
+            Context::default(),
+            Context {
+                api_group: "lux.cloud".into(),
+                ..Context::default()
+            },
+        ] {
+            for b in BUILTINS {
+                let fresh = described.load_builtin(&b, &ctx).unwrap();
+                runtime.load_builtin(&b, &ctx).unwrap();
+                let cached = runtime.load_builtin(&b, &ctx).unwrap();
+                assert!(cached.from_cache(), "{}", b.name);
+                assert_eq!(cached.info(), fresh.info(), "{}", b.name);
+            }
+        }
     }
 
     #[test]
