@@ -8,8 +8,6 @@ use crate::types::{
 wasmtime::component::bindgen!({
     path: "../wit",
     world: "plugin",
-    // The description is kept in the compile cache as JSON (see `cache.rs`).
-    additional_derives: [serde::Serialize, serde::Deserialize],
 });
 
 use self::exports::wasm_operator::plugin::{admission, reconciler, reporting};

@@ -185,9 +185,7 @@ async fn a_plugin_resource_is_served_upgraded_kept_on_a_bad_version_and_dropped_
         Some(crate::support::cache()),
     )
     .unwrap();
-    let base = host::registry::Registry::load(&runtime, Default::default(), false, &[]).unwrap();
-    let settings = settings_for(&runtime, store.path());
-    let operator = Operator::run(cp.client().await.unwrap(), base, settings);
+    let operator = serve_plugins(cp.client().await.unwrap(), &runtime, store.path());
 
     // A Plugin whose registry takes connections and never answers (a listener nobody accepts
     // from): it holds back nothing but itself.
@@ -372,11 +370,7 @@ async fn a_plugin_resource_is_served_upgraded_kept_on_a_bad_version_and_dropped_
         .service_account_client(&admin, "default", "limited")
         .await
         .unwrap();
-    let operator = Operator::run(
-        limited,
-        host::registry::Registry::load(&runtime, Default::default(), false, &[]).unwrap(),
-        settings_for(&runtime, store.path()),
-    );
+    let operator = serve_plugins(limited, &runtime, store.path());
     apply_cluster(&cp, &plugin("limited", &v1));
     eventually(
         "the Plugin refused for want of a rule",
@@ -390,6 +384,20 @@ async fn a_plugin_resource_is_served_upgraded_kept_on_a_bad_version_and_dropped_
         "{message}"
     );
     operator.stop().await;
+}
+
+/// An operator of these tests (see [`settings_for`]) on `client`, serving no Kind at start and
+/// the plugins `Plugin` resources name, loaded by `runtime`, pulled into `store`.
+fn serve_plugins(
+    client: kube::Client,
+    runtime: &host::plugin::Runtime,
+    store: &std::path::Path,
+) -> Operator {
+    Operator::run(
+        client,
+        host::registry::Registry::load(runtime, Default::default(), false, &[]).unwrap(),
+        settings_for(runtime, store),
+    )
 }
 
 /// How the operators of these tests run: no Kind at start, and `Plugin` resources.
@@ -434,11 +442,7 @@ async fn a_plugin_that_needs_more_memory_to_compile_than_the_cap_says_so() {
     )
     .unwrap()
     .compiling_apart(env!("CARGO_BIN_EXE_host").into(), Some(8 << 20));
-    let operator = Operator::run(
-        cp.client().await.unwrap(),
-        host::registry::Registry::load(&runtime, Default::default(), false, &[]).unwrap(),
-        settings_for(&runtime, store.path()),
-    );
+    let operator = serve_plugins(cp.client().await.unwrap(), &runtime, store.path());
     apply_cluster(&cp, &plugin("tight", &pinned));
     eventually(
         "the Plugin to say its compile needs more memory",
@@ -500,11 +504,7 @@ async fn serve_example(cp: &ControlPlane, wasm: &std::path::Path, name: &str, ns
         Some(crate::support::cache()),
     )
     .unwrap();
-    let operator = Operator::run(
-        cp.client().await.unwrap(),
-        host::registry::Registry::load(&runtime, Default::default(), false, &[]).unwrap(),
-        settings_for(&runtime, cache.path()),
-    );
+    let operator = serve_plugins(cp.client().await.unwrap(), &runtime, cache.path());
     apply_cluster(cp, &plugin(name, &pinned));
     wait_for(cp, "Ready", &format!("plugins.wasm-operator.dev/{name}"));
     let admin = cp.client().await.unwrap();
