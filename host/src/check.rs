@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::plugin::{Anatomy, Plugin, Runtime, Step};
+use crate::plugin::{Anatomy, LoadFailure, Plugin, Runtime, Step};
 use crate::registry::Registry;
 use crate::types::{Context, PluginInfo, Resource};
 
@@ -185,9 +185,40 @@ pub fn check(
     ctx: &Context,
     examples: &[Example],
 ) -> Report {
-    let mut report = Report::new(source);
+    check_keeping(runtime, wasm, None, source, ctx, examples).0
+}
+
+/// [`check`], keeping the plugin it loaded when every check passed (the operator serves that
+/// one: no second load). `sha256` is the bytes' sha256 in hex when a pull has checked it
+/// against them, so they are not hashed again.
+pub(crate) fn check_keeping(
+    runtime: &Runtime,
+    wasm: &[u8],
+    sha256: Option<String>,
+    source: &str,
+    ctx: &Context,
+    examples: &[Example],
+) -> (Report, Option<Plugin>) {
+    let report = Report::new(source);
+    let loaded = match sha256 {
+        Some(sha256) => runtime.load_stepwise_hashed(wasm, sha256, source, ctx),
+        None => runtime.load_stepwise(wasm, source, ctx),
+    };
+    let (report, plugin) = checked(report, loaded, ctx, examples);
+    let kept = plugin.filter(|_| report.passed);
+    (report, kept)
+}
+
+/// The checks of [`check`] after the load, whose outcome is `loaded`; returns the report and
+/// the plugin, when it loaded.
+fn checked(
+    mut report: Report,
+    loaded: std::result::Result<(Plugin, Anatomy), LoadFailure>,
+    ctx: &Context,
+    examples: &[Example],
+) -> (Report, Option<Plugin>) {
     let later = ["describe", "schemas", "render", "pure"];
-    let plugin = match runtime.load_stepwise(wasm, source, ctx) {
+    let plugin = match loaded {
         Ok((plugin, anatomy)) => {
             report.contract = anatomy.contract().map(str::to_owned);
             report.add(
@@ -280,7 +311,7 @@ pub fn check(
                 }
             }
             report.skip_from(&later[1..], "not run: the plugin does not load");
-            return report;
+            return (report, None);
         }
     };
     let info = plugin.info().clone();
@@ -316,7 +347,7 @@ pub fn check(
         Err(why) => {
             report.add("describe", Outcome::Fail, why);
             report.skip_from(&later[1..], "not run: `describe` failed");
-            return report;
+            return (report, Some(plugin));
         }
     };
     match schemas(
@@ -331,14 +362,14 @@ pub fn check(
             &later[2..],
             "no examples given: name files of resources of the plugin's Kinds to render them",
         );
-        return report;
+        return (report, Some(plugin));
     }
     let registry = match Registry::of(ctx.clone(), vec![plugin.clone()]) {
         Ok(r) => r,
         Err(e) => {
             report.add("render", Outcome::Fail, e.to_string());
             report.skip_from(&later[3..], "not run: no example rendered");
-            return report;
+            return (report, Some(plugin));
         }
     };
     let mut rendered = Vec::new();
@@ -377,13 +408,13 @@ pub fn check(
     }
     if rendered.is_empty() {
         report.skip_from(&later[3..], "not run: no example rendered");
-        return report;
+        return (report, Some(plugin));
     }
     match pure(&plugin, ctx, &rendered) {
         Ok(detail) => report.add("pure", Outcome::Pass, detail),
         Err(why) => report.add("pure", Outcome::Fail, why),
     }
-    report
+    (report, Some(plugin))
 }
 
 /// `describe` under `ctx` again (it must give what it gave at load) and under `other`, each
@@ -522,6 +553,41 @@ mod tests {
         let b = vec!["{}".to_owned(), "{\"a\":2}".to_owned()];
         assert_eq!(difference(&a, &b), "manifest 1 differs");
         assert_eq!(difference(&a, &b[..1]), "2 manifest(s), then 1");
+    }
+
+    #[test]
+    fn a_check_keeps_the_plugin_it_loaded_only_when_everything_passed() {
+        let runtime = Runtime::new(Default::default(), None).unwrap();
+        let ctx = Context::default();
+        let b = &crate::plugin::BUILTINS[2];
+        // A digest given is taken as the bytes' own (a pull checked it), not computed again.
+        let (report, kept) = check_keeping(
+            &runtime,
+            b.wasm,
+            Some(b.sha256.to_owned()),
+            b.name,
+            &ctx,
+            &[],
+        );
+        assert!(report.passed, "{}", report.text());
+        assert_eq!(kept.expect("kept").sha256(), b.sha256);
+        let (_, kept) = check_keeping(&runtime, b.wasm, None, b.name, &ctx, &[]);
+        assert_eq!(kept.expect("kept").sha256(), b.sha256);
+        // Loaded, but an example fails to render: nothing is kept.
+        let foreign = crate::documents::resource(&serde_json::json!({
+            "apiVersion": "example.org/v1", "kind": "Nothing", "metadata": {"name": "a"}
+        }))
+        .unwrap();
+        let example = Example {
+            source: "foreign.yaml".to_owned(),
+            resource: foreign,
+        };
+        let (report, kept) = check_keeping(&runtime, b.wasm, None, b.name, &ctx, &[example]);
+        assert!(!report.passed);
+        assert!(kept.is_none());
+        let (report, kept) = check_keeping(&runtime, b"not wasm", None, "x.wasm", &ctx, &[]);
+        assert!(!report.passed);
+        assert!(kept.is_none());
     }
 
     #[test]

@@ -330,6 +330,9 @@ pub struct Pulled {
     /// The reference, pinned to the manifest's digest.
     pub reference: Reference,
     pub wasm: Vec<u8>,
+    /// The sha256 of `wasm` in hex: its layer's digest, checked against the bytes by the pull
+    /// (what the compile cache knows it by, so a load need not hash the bytes again).
+    pub sha256: String,
     /// The layer's media type (`application/wasm`, or an older one).
     pub media_type: String,
     /// Whether it came from the store rather than the registry.
@@ -385,6 +388,12 @@ pub fn kept(reference: &Reference, store: &Store) -> Option<Kept> {
     })
 }
 
+/// The hex of a `sha256:` digest (the whole digest when it has another algorithm, which no
+/// layer this host accepts has: `digest` makes only sha256).
+fn hex_of(digest: &str) -> String {
+    digest.strip_prefix("sha256:").unwrap_or(digest).to_owned()
+}
+
 /// Pulls the plugin `reference` names, checked against its digests; from `store` when it holds
 /// that digest (no network), and kept there after a pull. A tag is resolved to a digest by the
 /// registry first, or refused when `require_digest`.
@@ -402,10 +411,11 @@ pub async fn pull(
     if let (Some(d), Some(store)) = (&reference.digest, store)
         && let Some((manifest, wasm)) = store.get(d)
     {
-        let (_, media_type) = wasm_layer(reference, &manifest)?;
+        let ((layer, _), media_type) = wasm_layer(reference, &manifest)?;
         return Ok(Pulled {
             reference: reference.clone(),
             wasm,
+            sha256: hex_of(&layer),
             media_type,
             cached: true,
         });
@@ -465,6 +475,7 @@ pub async fn pull(
     Ok(Pulled {
         reference: pinned,
         wasm: blob.body.to_vec(),
+        sha256: hex_of(&layer.0),
         media_type,
         cached: false,
     })
@@ -597,6 +608,35 @@ mod tests {
         assert_eq!(m["layers"][0]["digest"], digest(b"\0asm"));
         let r = Reference::parse("localhost:5000/a:1").unwrap();
         assert_eq!(wasm_layer(&r, &m1).unwrap().0, (digest(b"\0asm"), 4));
+    }
+
+    #[tokio::test]
+    async fn a_plugin_pulled_from_the_store_carries_its_checked_sha256() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path());
+        let wasm = b"\0asm\x0d\0\x01\0".to_vec();
+        let (_, manifest) = artifact(&wasm, &ComponentInfo::default());
+        let manifest_digest = digest(&manifest);
+        store.put(&manifest_digest, &manifest, &wasm).unwrap();
+        // No registry at this address: the store answers, or the pull fails.
+        let r = Reference::parse(&format!("127.0.0.1:9/p@{manifest_digest}")).unwrap();
+        let pulled = pull(&r, &Options::default(), Some(&store), true)
+            .await
+            .unwrap();
+        assert!(pulled.cached);
+        assert_eq!(pulled.sha256, crate::units::sha256_hex(&wasm));
+        // A layer changed on disk is not taken (nor its sha256 vouched for): the pull goes to
+        // the registry, which is not there.
+        let layer = dir
+            .path()
+            .join("blobs/sha256")
+            .join(crate::units::sha256_hex(&wasm));
+        std::fs::write(&layer, b"\0asm\x0d\0\x01\x01").unwrap();
+        assert!(
+            pull(&r, &Options::default(), Some(&store), true)
+                .await
+                .is_err()
+        );
     }
 
     #[test]

@@ -14,6 +14,7 @@
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use serde::de::DeserializeOwned;
@@ -33,6 +34,10 @@ pub struct Cache {
     dir: PathBuf,
     /// Where components are compiled: in this process (`None`), or in a process of their own.
     apart: Option<Apart>,
+    /// Each engine's part of a compiled file's name (see [`Cache::path`]), computed once:
+    /// wasmtime hashes every setting of the engine for it, a tenth of the service plugin's
+    /// load when it was computed at each.
+    engines: Arc<Mutex<Vec<(Engine, u64)>>>,
 }
 
 /// Compiling in a process of its own: `host compile-component`, run from this executable with
@@ -191,6 +196,7 @@ impl Cache {
         Self {
             dir: dir.into(),
             apart: None,
+            engines: Arc::default(),
         }
     }
 
@@ -208,13 +214,24 @@ impl Cache {
 
     /// Where the compiled form of the component with this sha256 lives for `engine`.
     pub fn path(&self, engine: &Engine, sha256: &str) -> PathBuf {
-        let mut h = DefaultHasher::new();
-        engine.precompile_compatibility_hash().hash(&mut h);
         let version = env!("WASMTIME_VERSION");
         self.dir.join(format!(
             "{sha256}-wasmtime{version}-{:016x}.cwasm",
-            h.finish()
+            self.engine_hash(engine)
         ))
+    }
+
+    /// What tells `engine`'s compiled files from those of an engine with other settings.
+    fn engine_hash(&self, engine: &Engine) -> u64 {
+        let mut engines = self.engines.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, hash)) = engines.iter().find(|(e, _)| Engine::same(e, engine)) {
+            return *hash;
+        }
+        let mut h = DefaultHasher::new();
+        engine.precompile_compatibility_hash().hash(&mut h);
+        let hash = h.finish();
+        engines.push((engine.clone(), hash));
+        hash
     }
 
     /// The compiled component of the wasm with this sha256, when this cache holds it: nothing
@@ -383,8 +400,9 @@ impl Cache {
 
     /// Where the description of the component with this sha256 under `ctx` lives. The host's
     /// version is in the name because the file holds the host's form of the description, as
-    /// this host checked it (`checked`: earlier hosts kept the WIT record, with each schema as
-    /// text, and checked it at every load).
+    /// this host checked it, each distinct schema once (`shared`: earlier hosts kept the WIT
+    /// record, with each schema as text, and checked it at every load, then the checked
+    /// description with each Kind's schemas in full).
     fn description_path(&self, sha256: &str, ctx: &Context) -> PathBuf {
         let mut h = Sha256::new();
         h.update(ctx.api_group.as_bytes());
@@ -395,7 +413,7 @@ impl Cache {
             .map(|b| format!("{b:02x}"))
             .collect();
         self.dir.join(format!(
-            "{sha256}-host{}-{ctx_hash}-checked.describe.json",
+            "{sha256}-host{}-{ctx_hash}-shared.describe.json",
             env!("CARGO_PKG_VERSION")
         ))
     }

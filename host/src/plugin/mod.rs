@@ -325,6 +325,18 @@ impl Runtime {
         self.load_steps(wasm, crate::units::sha256_hex(wasm), source, ctx)
     }
 
+    /// [`Runtime::load_stepwise`] of bytes whose sha256 (hex) is already known, checked against
+    /// them by whoever gives it (a pull checks a layer against its digest): not hashed again.
+    pub(crate) fn load_stepwise_hashed(
+        &self,
+        wasm: &[u8],
+        sha256: String,
+        source: &str,
+        ctx: &Context,
+    ) -> std::result::Result<(Plugin, Anatomy), LoadFailure> {
+        self.load_steps(wasm, sha256, source, ctx)
+    }
+
     fn load_steps(
         &self,
         wasm: &[u8],
@@ -348,6 +360,16 @@ impl Runtime {
             anatomy: None,
         })?;
         self.link(component, from_cache, sha256, wasm.len(), source, ctx)
+    }
+
+    /// Makes the compiled component of the wasm with this `sha256` (hex) from the compile cache
+    /// and drops it, saying whether the cache held it: wasmtime's share of a load alone (no
+    /// link, no description), the floor the load benchmark compares a load with.
+    pub fn deserialize_cached(&self, sha256: &str) -> bool {
+        self.cache
+            .as_ref()
+            .and_then(|cache| cache.load_compiled(&self.engine, sha256))
+            .is_some()
     }
 
     /// Loads the plugin whose bytes have this `sha256` (hex) and `size`: from the compile cache
@@ -453,7 +475,9 @@ impl Runtime {
     /// components are there too).
     fn description(&self, inner: &Inner, ctx: &Context) -> std::result::Result<PluginInfo, String> {
         if let Some(cache) = &self.cache
-            && let Some(info) = cache.load_description::<PluginInfo>(&inner.sha256, ctx)
+            && let Some(info) = cache
+                .load_description::<KeptInfo>(&inner.sha256, ctx)
+                .and_then(KeptInfo::into_info)
         {
             return Ok(info);
         }
@@ -461,9 +485,89 @@ impl Runtime {
         let info = bindings::plugin_info(raw.0, raw.1, raw.2)
             .map_err(|e| PluginError::BadDescription(e).to_string())?;
         if let Some(cache) = &self.cache {
-            cache.store_description(&inner.sha256, ctx, &info);
+            cache.store_description(&inner.sha256, ctx, &KeptInfo::of(&info));
         }
         Ok(info)
+    }
+}
+
+/// A description as the compile cache keeps it: each distinct schema once, which the Kinds
+/// name by index. A plugin's facade Kinds share one spec schema (the service plugin's seven
+/// Kinds one of 14 KB): read back, it is parsed once and copied, not parsed seven times.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct KeptInfo {
+    schemas: Vec<Value>,
+    /// For each Kind, in order: the index of its spec schema, and of its status schema.
+    kinds: Vec<(usize, Option<usize>)>,
+    /// The description, each of its schemas left null.
+    info: PluginInfo,
+}
+
+impl KeptInfo {
+    fn of(info: &PluginInfo) -> Self {
+        let mut schemas: Vec<Value> = Vec::new();
+        let mut index = |schema: &Value| match schemas.iter().position(|s| s == schema) {
+            Some(i) => i,
+            None => {
+                schemas.push(schema.clone());
+                schemas.len() - 1
+            }
+        };
+        let kinds = info
+            .kinds
+            .iter()
+            .map(|k| {
+                (
+                    index(&k.spec_schema),
+                    k.status_schema.as_ref().map(&mut index),
+                )
+            })
+            .collect();
+        let mut info = info.clone();
+        for k in &mut info.kinds {
+            k.spec_schema = Value::Null;
+            k.status_schema = k.status_schema.as_ref().map(|_| Value::Null);
+        }
+        Self {
+            schemas,
+            kinds,
+            info,
+        }
+    }
+
+    /// The description; `None` when the indices do not fit the schemas (not a file this host
+    /// wrote).
+    fn into_info(self) -> Option<PluginInfo> {
+        let Self {
+            mut schemas,
+            kinds,
+            mut info,
+        } = self;
+        if kinds.len() != info.kinds.len() {
+            return None;
+        }
+        // How many Kinds still need each schema: the last takes it, the others copy it.
+        let mut uses = vec![0usize; schemas.len()];
+        for i in kinds
+            .iter()
+            .flat_map(|(spec, status)| [Some(*spec), *status])
+            .flatten()
+        {
+            *uses.get_mut(i)? += 1;
+        }
+        let mut take = |i: usize| {
+            uses[i] -= 1;
+            if uses[i] == 0 {
+                std::mem::take(&mut schemas[i])
+            } else {
+                schemas[i].clone()
+            }
+        };
+        for (k, (spec, status)) in info.kinds.iter_mut().zip(kinds) {
+            k.spec_schema = take(spec);
+            k.status_schema = status.map(&mut take);
+        }
+        Some(info)
     }
 }
 
@@ -1041,6 +1145,42 @@ mod tests {
                 assert_eq!(cached.info(), fresh.info(), "{}", b.name);
             }
         }
+    }
+
+    #[test]
+    fn a_kept_description_holds_each_schema_once_and_gives_back_the_same() {
+        let runtime = Runtime::new(Limits::default(), None).unwrap();
+        let ctx = Context::default();
+        for b in BUILTINS {
+            let info = runtime.load_builtin(&b, &ctx).unwrap().info().clone();
+            let kept = KeptInfo::of(&info);
+            let distinct: Vec<&Value> = info
+                .kinds
+                .iter()
+                .flat_map(|k| [Some(&k.spec_schema), k.status_schema.as_ref()])
+                .flatten()
+                .fold(Vec::new(), |mut seen, s| {
+                    if !seen.contains(&s) {
+                        seen.push(s);
+                    }
+                    seen
+                });
+            assert_eq!(kept.schemas.len(), distinct.len(), "{}", b.name);
+            let json = serde_json::to_vec(&kept).unwrap();
+            let back: KeptInfo = serde_json::from_slice(&json).unwrap();
+            assert_eq!(back.into_info().as_ref(), Some(&info), "{}", b.name);
+        }
+        // The service plugin's seven Kinds share one spec schema.
+        let service = runtime.load_builtin(&BUILTINS[0], &ctx).unwrap();
+        assert!(service.info().kinds.len() > 1);
+        assert_eq!(KeptInfo::of(service.info()).schemas.len(), 1);
+        // Indices that do not fit are not a description.
+        let mut wrong = KeptInfo::of(service.info());
+        wrong.kinds[0].0 = 7;
+        assert!(wrong.into_info().is_none());
+        let mut short = KeptInfo::of(service.info());
+        short.kinds.pop();
+        assert!(short.into_info().is_none());
     }
 
     #[test]

@@ -77,23 +77,22 @@ pub(super) async fn prepare(
     let source = format!("Plugin/{name} ({}{})", oci::SCHEME, pulled.reference);
     let runtime = live.runtime.with_limits(limits);
     let (report, plugin) = {
-        let (wasm, ctx) = (pulled.wasm, ctx.clone());
+        let (wasm, sha256, ctx) = (pulled.wasm, pulled.sha256, ctx.clone());
+        // The plugin the checks loaded is the one served: one load, and the bytes hashed only
+        // by the pull, which checked them against the layer's digest.
         tokio::task::spawn_blocking(move || {
-            let report = crate::check::check(&runtime, &wasm, &source, &ctx, &[]);
-            let plugin = report.passed.then(|| runtime.load(&wasm, &source, &ctx));
-            (report, plugin)
+            crate::check::check_keeping(&runtime, &wasm, Some(sha256), &source, &ctx, &[])
         })
         .await
         .map_err(|e| Refusal::transient("LoadFailed", e.to_string()))?
     };
     match plugin {
-        Some(Ok(plugin)) => Ok(Prepared {
+        Some(plugin) => Ok(Prepared {
             reference: pulled.reference,
             limits,
             plugin,
             signature,
         }),
-        Some(Err(e)) => Err(Refusal::stalled("LoadFailed", e.to_string())),
         None => {
             let failed: Vec<String> = report
                 .findings
