@@ -96,7 +96,7 @@ fn main() {
     println!(
         "| fixture | resources | library | native | warm instance | ratio | fresh instance | ratio | host parse |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     let (mut warm_ratios, mut fresh_ratios, mut end_to_end) = (Vec::new(), Vec::new(), Vec::new());
     // One resource per plugin, for timing a load followed by its first render.
     let mut sample: std::collections::BTreeMap<String, Resource> = Default::default();

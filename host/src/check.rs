@@ -560,17 +560,14 @@ mod tests {
         let runtime = Runtime::new(Default::default(), None).unwrap();
         let ctx = Context::default();
         let b = &crate::plugin::BUILTINS[2];
-        // A digest given is taken as the bytes' own (a pull checked it), not computed again.
-        let (report, kept) = check_keeping(
-            &runtime,
-            b.wasm,
-            Some(b.sha256.to_owned()),
-            b.name,
-            &ctx,
-            &[],
-        );
+        // A digest given is taken as the bytes' own (a pull checked it), not computed again:
+        // one that is not theirs shows it.
+        let given = "ab".repeat(32);
+        let (report, kept) =
+            check_keeping(&runtime, b.wasm, Some(given.clone()), b.name, &ctx, &[]);
         assert!(report.passed, "{}", report.text());
-        assert_eq!(kept.expect("kept").sha256(), b.sha256);
+        assert_eq!(kept.expect("kept").sha256(), given);
+        assert_eq!(report.component.map(|c| c.sha256), Some(given));
         let (_, kept) = check_keeping(&runtime, b.wasm, None, b.name, &ctx, &[]);
         assert_eq!(kept.expect("kept").sha256(), b.sha256);
         // Loaded, but an example fails to render: nothing is kept.

@@ -394,6 +394,26 @@ fn hex_of(digest: &str) -> String {
     digest.strip_prefix("sha256:").unwrap_or(digest).to_owned()
 }
 
+/// A pull's answer; in debug builds (every test), its sha256 is checked against its bytes once
+/// more, so a path that vouched for the wrong one fails loudly.
+fn pulled(
+    reference: Reference,
+    wasm: Vec<u8>,
+    layer: &str,
+    media_type: String,
+    cached: bool,
+) -> Pulled {
+    let sha256 = hex_of(layer);
+    debug_assert_eq!(sha256, crate::units::sha256_hex(&wasm), "a pull's sha256");
+    Pulled {
+        reference,
+        wasm,
+        sha256,
+        media_type,
+        cached,
+    }
+}
+
 /// Pulls the plugin `reference` names, checked against its digests; from `store` when it holds
 /// that digest (no network), and kept there after a pull. A tag is resolved to a digest by the
 /// registry first, or refused when `require_digest`.
@@ -412,13 +432,7 @@ pub async fn pull(
         && let Some((manifest, wasm)) = store.get(d)
     {
         let ((layer, _), media_type) = wasm_layer(reference, &manifest)?;
-        return Ok(Pulled {
-            reference: reference.clone(),
-            wasm,
-            sha256: hex_of(&layer),
-            media_type,
-            cached: true,
-        });
+        return Ok(pulled(reference.clone(), wasm, &layer, media_type, true));
     }
     let client = Client::connect(reference, options, false).await?;
     let manifest = get_manifest(
@@ -472,13 +486,13 @@ pub async fn pull(
     {
         tracing::warn!(reference = %pinned, "pulled plugin not kept: {e}");
     }
-    Ok(Pulled {
-        reference: pinned,
-        wasm: blob.body.to_vec(),
-        sha256: hex_of(&layer.0),
+    Ok(pulled(
+        pinned,
+        blob.body.to_vec(),
+        &layer.0,
         media_type,
-        cached: false,
-    })
+        false,
+    ))
 }
 
 /// `reference` pinned to the digest of the manifest it names now: itself when it names a digest,

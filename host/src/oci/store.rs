@@ -50,9 +50,11 @@ impl Store {
         (usize::try_from(on_disk).ok() == Some(size)).then_some((manifest, layer, size, blob))
     }
 
-    /// Keeps a manifest and its Wasm layer (both already checked against their digests).
+    /// Keeps a manifest and its Wasm layer (both already checked against their digests: the
+    /// layer is kept under the digest its manifest gives, not hashed again).
     pub fn put(&self, manifest_digest: &str, manifest: &[u8], wasm: &[u8]) -> Result<(), Error> {
-        write(&self.path("blobs", &digest(wasm)), wasm)?;
+        let ((layer, _), _) = super::wasm_layer(&manifest_digest, manifest)?;
+        write(&self.path("blobs", &layer), wasm)?;
         // The manifest last: it is what says the entry is whole.
         write(&self.path("manifests", manifest_digest), manifest)
     }

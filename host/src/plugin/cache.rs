@@ -20,8 +20,8 @@ use std::time::{Duration, SystemTime};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use wasmtime::Engine;
 use wasmtime::component::Component;
+use wasmtime::{Engine, EngineWeak};
 
 use crate::types::Context;
 
@@ -37,7 +37,19 @@ pub struct Cache {
     /// Each engine's part of a compiled file's name (see [`Cache::path`]), computed once:
     /// wasmtime hashes every setting of the engine for it, a tenth of the service plugin's
     /// load when it was computed at each.
-    engines: Arc<Mutex<Vec<(Engine, u64)>>>,
+    /// Engines are held weakly: a cache (cloned into each runtime made from another) must not
+    /// keep an engine, its instance pool and its epoch thread, alive.
+    engines: Arc<Engines>,
+}
+
+/// The engines a cache has named files for, each with its hash (see [`Cache::engine_hash`]).
+#[derive(Default)]
+struct Engines(Mutex<Vec<(EngineWeak, u64)>>);
+
+impl std::fmt::Debug for Engines {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Engines")
+    }
 }
 
 /// Compiling in a process of its own: `host compile-component`, run from this executable with
@@ -223,20 +235,37 @@ impl Cache {
 
     /// What tells `engine`'s compiled files from those of an engine with other settings.
     fn engine_hash(&self, engine: &Engine) -> u64 {
-        let mut engines = self.engines.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((_, hash)) = engines.iter().find(|(e, _)| Engine::same(e, engine)) {
+        let mut engines = self.engines.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, hash)) = engines
+            .iter()
+            .find(|(e, _)| e.upgrade().is_some_and(|e| Engine::same(&e, engine)))
+        {
             return *hash;
         }
         let mut h = DefaultHasher::new();
         engine.precompile_compatibility_hash().hash(&mut h);
         let hash = h.finish();
-        engines.push((engine.clone(), hash));
+        engines.retain(|(e, _)| e.upgrade().is_some());
+        engines.push((engine.weak(), hash));
         hash
     }
 
     /// The compiled component of the wasm with this sha256, when this cache holds it: nothing
-    /// but the compiled file is read.
+    /// but the compiled file is read. Its use is recorded (the file's time, which eviction
+    /// reads).
     pub(crate) fn load_compiled(&self, engine: &Engine, sha256: &str) -> Option<Component> {
+        let (component, path) = self.deserialize(engine, sha256)?;
+        touch(&path);
+        Some(component)
+    }
+
+    /// The compiled component of the wasm with this sha256 and its file, when this cache holds
+    /// it: wasmtime's part of a load, and no more.
+    pub(crate) fn deserialize(
+        &self,
+        engine: &Engine,
+        sha256: &str,
+    ) -> Option<(Component, PathBuf)> {
         let path = self.path(engine, sha256);
         if !path.is_file() {
             return None;
@@ -255,10 +284,7 @@ impl Cache {
         )]
         let loaded = unsafe { Component::deserialize_file(engine, &path) };
         match loaded {
-            Ok(c) => {
-                touch(&path);
-                Some(c)
-            }
+            Ok(c) => Some((c, path)),
             Err(e) => {
                 tracing::warn!(path = %path.display(), "ignoring unusable cached component: {e:#}");
                 None

@@ -363,12 +363,13 @@ impl Runtime {
     }
 
     /// Makes the compiled component of the wasm with this `sha256` (hex) from the compile cache
-    /// and drops it, saying whether the cache held it: wasmtime's share of a load alone (no
-    /// link, no description), the floor the load benchmark compares a load with.
+    /// and drops it, saying whether the cache held it: wasmtime's share of a load (the file
+    /// found and mapped, its metadata deserialized; no link, no description, no record of the
+    /// use), the floor the load benchmark compares a load with.
     pub fn deserialize_cached(&self, sha256: &str) -> bool {
         self.cache
             .as_ref()
-            .and_then(|cache| cache.load_compiled(&self.engine, sha256))
+            .and_then(|cache| cache.deserialize(&self.engine, sha256))
             .is_some()
     }
 
@@ -1181,6 +1182,28 @@ mod tests {
         let mut short = KeptInfo::of(service.info());
         short.kinds.pop();
         assert!(short.into_info().is_none());
+    }
+
+    #[test]
+    fn a_load_from_the_cache_takes_the_kept_description_when_it_fits() {
+        let dir = tempfile::tempdir().unwrap();
+        let runtime = Runtime::new(Limits::default(), Some(Cache::new(dir.path()))).unwrap();
+        let ctx = Context::default();
+        let b = BUILTINS.iter().find(|b| b.name == "kvcluster").unwrap();
+        let info = runtime.load_builtin(b, &ctx).unwrap().info().clone();
+        // What the cache keeps is what a load gives, not what describe() would say.
+        let mut marked = info.clone();
+        marked.version = "from-the-cache".into();
+        let cache = Cache::new(dir.path());
+        cache.store_description(b.sha256, &ctx, &KeptInfo::of(&marked));
+        let loaded = runtime.load_builtin(b, &ctx).unwrap();
+        assert_eq!(loaded.info().version, "from-the-cache");
+        // A kept description whose indices do not fit is not used: describe() answers again.
+        let mut wrong = KeptInfo::of(&marked);
+        assert!(wrong.kinds[0].1.is_some(), "kvcluster has a status schema");
+        wrong.kinds[0].1 = Some(9);
+        cache.store_description(b.sha256, &ctx, &wrong);
+        assert_eq!(runtime.load_builtin(b, &ctx).unwrap().info(), &info);
     }
 
     #[test]
