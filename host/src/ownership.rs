@@ -194,6 +194,20 @@ pub fn stored(obj: &DynamicObject, field: &str) -> Option<serde_json::Value> {
     }
 }
 
+/// A stored resource's `spec` or `status` read as `T` straight from its compact text (see
+/// [`stored`]), without building the whole JSON value; `None` when absent or not a `T`.
+pub fn stored_as<T: serde::de::DeserializeOwned>(obj: &DynamicObject, field: &str) -> Option<T> {
+    let value = match &obj.data {
+        serde_json::Value::Array(parts) => parts.get(STORED.iter().position(|f| *f == field)?)?,
+        data => data.get(field)?,
+    };
+    match value {
+        serde_json::Value::Null => None,
+        serde_json::Value::String(text) => serde_json::from_str(text).ok(),
+        other => T::deserialize(other).ok(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -505,7 +505,13 @@ pub(crate) fn watch_children(
                 )
             };
             futures::pin_mut!(stream);
+            // Until the watch's first list is done: the owners' own first list queues each of
+            // them (a settled one after the changed ones, see `settling`), so a child listed
+            // then wakes nobody; a later list (a relist) shows what changed while the watch was
+            // down, and wakes its owner.
+            let mut listed_once = false;
             while let Some(event) = stream.next().await {
+                let first_list = !listed_once && matches!(&event, Ok(watcher::Event::InitApply(_)));
                 let o = match event {
                     // A relist (after the API server went away, say) shows what changed meanwhile
                     // as InitApply: it wakes the owner as a change would.
@@ -561,6 +567,7 @@ pub(crate) fn watch_children(
                         continue;
                     }
                     Ok(watcher::Event::InitDone) => {
+                        listed_once = true;
                         // A relist does not show what was deleted while the watch was down:
                         // the resources waiting on such an object are woken now.
                         let waited = lock(&shared.waiting).on(&kind_key, scope.as_deref());
@@ -581,6 +588,9 @@ pub(crate) fn watch_children(
                     // Counted and logged by `watch_health`.
                     Err(_) => continue,
                 };
+                if first_list {
+                    continue;
+                }
                 let owner_refs = o.metadata.owner_references.iter().flatten();
                 let namespace = o.metadata.namespace.clone().unwrap_or_default();
                 // With shards, a resource is served only by the shard its hash names (one that

@@ -55,11 +55,6 @@ impl Controllers {
         }
         let controller = format!("{}.{}", kind.plural, kind.group);
         let ar = Arc::new(ar);
-        let ctx = Arc::new(KindCtx {
-            shared: shared.clone(),
-            ar: ar.clone(),
-            controller: controller.clone(),
-        });
         let key = format!("{}/{}", ar.api_version, ar.kind);
         let kind_stop = lock(&self.kinds)
             .entry(key.clone())
@@ -73,6 +68,16 @@ impl Controllers {
         let mut listed = Vec::new();
         for scope in settings.scopes() {
             let (api, watch) = scoped::<Served>(&shared.client, scope.as_deref(), &ar, &controller);
+            // Settled resources a list finds are queued after the changed ones (`settling`).
+            let (later_tx, later_rx) = mpsc::unbounded();
+            let settling =
+                super::settling::Settling::new(ar.clone(), later_tx, shared.synced.subscribe());
+            let ctx = Arc::new(KindCtx {
+                shared: shared.clone(),
+                ar: ar.clone(),
+                controller: controller.clone(),
+                settling: settling.clone(),
+            });
             let (tx, rx) = mpsc::unbounded();
             lock(&shared.owners)
                 .entry(format!("{}/{}", ar.api_version, ar.kind))
@@ -107,24 +112,38 @@ impl Controllers {
             let (queue, queue_name) = (shared.metrics.clone(), controller.clone());
             let (forget, forget_name) = (shared.metrics.clone(), controller.clone());
             let shard = shared.shard;
+            let (lists, admits) = (settling.clone(), settling.clone());
             let trigger = reflector::reflector(
                 writer,
                 watcher(api, owners_config(settings)).modify(move |o| trim_served(shard, o)),
             )
             .inspect(first_list.observer())
             .inspect(move |event| watch_health(&health.0, &health.1, event))
-            .inspect(move |event| {
-                if let Ok(kube::runtime::watcher::Event::Delete(o)) = event {
-                    forget.forgotten(&forget_name, &reconcile::queue_key(o));
+            .inspect(move |event| match event {
+                Ok(kube::runtime::watcher::Event::Delete(o)) => {
+                    let key = reconcile::queue_key(o);
+                    lists.started(&key);
+                    forget.forgotten(&forget_name, &key);
                 }
+                Ok(kube::runtime::watcher::Event::Init) => lists.listing(),
+                Ok(kube::runtime::watcher::Event::InitDone) => lists.listed(),
+                _ => {}
             })
             .default_backoff()
             .applied_objects()
             .predicate_filter(render_input, PredicateConfig::default())
+            // Counted as queued when seen, held back or not: the queue's latency includes the
+            // wait of one held.
             .inspect(move |o| {
                 if let Ok(o) = o {
                     queue.queued(&queue_name, &reconcile::queue_key(o));
                 }
+            })
+            .filter(move |o| {
+                std::future::ready(match o {
+                    Ok(o) => admits.admit(o, reconcile::queue_key(o)),
+                    Err(_) => true,
+                })
             });
             // A child's change asks for its owner.
             let (queue, queue_name) = (shared.metrics.clone(), controller.clone());
@@ -138,14 +157,23 @@ impl Controllers {
                     ),
                 );
             });
+            let (queue, queue_name) = (shared.metrics.clone(), controller.clone());
+            let later_rx = later_rx.inspect(move |r: &reflector::ObjectRef<Served>| {
+                queue.queued(
+                    &queue_name,
+                    &format!("{}/{}", r.namespace.as_deref().unwrap_or_default(), r.name),
+                );
+            });
             let name = watch.clone();
             let watch_name = watch.clone();
             let (gone, gone_name) = (shared.metrics.clone(), controller.clone());
+            let gone_settling = settling.clone();
             let run = Controller::for_stream_with(trigger, reader, ar.clone())
                 .with_config(
                     kube::runtime::controller::Config::default().concurrency(settings.concurrency),
                 )
                 .reconcile_on(rx)
+                .reconcile_on(later_rx)
                 .reconcile_all_on(rescanned)
                 .graceful_shutdown_on(stopped())
                 .run(reconcile::reconcile, reconcile::error_policy, ctx.clone())
@@ -156,14 +184,13 @@ impl Controllers {
                         // Asked for (a child's change after its owner was deleted), and gone:
                         // it waits no more.
                         Err(kube::runtime::controller::Error::ObjectNotFound(r)) => {
-                            gone.forgotten(
-                                &gone_name,
-                                &format!(
-                                    "{}/{}",
-                                    r.namespace.as_deref().unwrap_or_default(),
-                                    r.name
-                                ),
+                            let key = format!(
+                                "{}/{}",
+                                r.namespace.as_deref().unwrap_or_default(),
+                                r.name
                             );
+                            gone_settling.started(&key);
+                            gone.forgotten(&gone_name, &key);
                         }
                         Err(e)
                             if !matches!(

@@ -29,6 +29,7 @@ mod reconcile;
 mod report;
 mod run;
 pub mod secure;
+mod settling;
 pub mod shard;
 pub mod shards;
 mod shared;

@@ -202,6 +202,8 @@ pub(crate) struct KindCtx {
     pub shared: Arc<Shared>,
     pub ar: Arc<ApiResource>,
     pub controller: String,
+    /// The settled resources its watch's lists hold back (see `settling`).
+    pub settling: Arc<super::settling::Settling>,
 }
 
 impl KindCtx {

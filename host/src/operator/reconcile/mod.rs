@@ -111,7 +111,9 @@ pub(crate) async fn reconcile(
         _ = stopping.wait_for(|s| *s) => return Ok(Action::await_change()),
     }
     let metrics = &ctx.shared.metrics;
-    metrics.dequeued(&ctx.controller, &queue_key(&obj));
+    let key = queue_key(&obj);
+    ctx.settling.started(&key);
+    metrics.dequeued(&ctx.controller, &key);
     let result = {
         let _measure = Measure::start(metrics, &ctx.controller);
         reconcile_inner(&obj, &ctx).await
