@@ -201,7 +201,7 @@ pub(crate) fn check_keeping(
 ) -> (Report, Option<Plugin>) {
     let report = Report::new(source);
     let loaded = match sha256 {
-        Some(sha256) => runtime.load_stepwise_hashed(wasm, sha256, source, ctx),
+        Some(sha256) => runtime.load_steps(wasm, sha256, source, ctx),
         None => runtime.load_stepwise(wasm, source, ctx),
     };
     let (report, plugin) = checked(report, loaded, ctx, examples);

@@ -183,15 +183,7 @@ pub fn identity(object: &serde_json::Value) -> (String, String, String) {
 /// A stored resource's `spec` or `status` (see [`trim_resource`]): parsed back from its compact
 /// text, or as it is in an object that was not stored (a test's, say); `None` when absent.
 pub fn stored(obj: &DynamicObject, field: &str) -> Option<serde_json::Value> {
-    let value = match &obj.data {
-        serde_json::Value::Array(parts) => parts.get(STORED.iter().position(|f| *f == field)?)?,
-        data => data.get(field)?,
-    };
-    match value {
-        serde_json::Value::Null => None,
-        serde_json::Value::String(text) => serde_json::from_str(text).ok(),
-        other => Some(other.clone()),
-    }
+    stored_as(obj, field)
 }
 
 /// A stored resource's `spec` or `status` read as `T` straight from its compact text (see

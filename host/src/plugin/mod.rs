@@ -327,17 +327,7 @@ impl Runtime {
 
     /// [`Runtime::load_stepwise`] of bytes whose sha256 (hex) is already known, checked against
     /// them by whoever gives it (a pull checks a layer against its digest): not hashed again.
-    pub(crate) fn load_stepwise_hashed(
-        &self,
-        wasm: &[u8],
-        sha256: String,
-        source: &str,
-        ctx: &Context,
-    ) -> std::result::Result<(Plugin, Anatomy), LoadFailure> {
-        self.load_steps(wasm, sha256, source, ctx)
-    }
-
-    fn load_steps(
+    pub(crate) fn load_steps(
         &self,
         wasm: &[u8],
         sha256: String,
