@@ -199,12 +199,9 @@ pub(crate) fn check_keeping(
     ctx: &Context,
     examples: &[Example],
 ) -> (Report, Option<Plugin>) {
-    let report = Report::new(source);
-    let loaded = match sha256 {
-        Some(sha256) => runtime.load_steps(wasm, sha256, source, ctx),
-        None => runtime.load_stepwise(wasm, source, ctx),
-    };
-    let (report, plugin) = checked(report, loaded, ctx, examples);
+    let sha256 = sha256.unwrap_or_else(|| crate::units::sha256_hex(wasm));
+    let loaded = runtime.load_steps(wasm, sha256, source, ctx);
+    let (report, plugin) = checked(Report::new(source), loaded, ctx, examples);
     let kept = plugin.filter(|_| report.passed);
     (report, kept)
 }

@@ -141,29 +141,17 @@ impl Controllers {
             })
             .filter(move |o| {
                 std::future::ready(match o {
-                    Ok(o) => admits.admit(o, reconcile::queue_key(o)),
+                    Ok(o) => admits.admit(o),
                     Err(_) => true,
                 })
             });
-            // A child's change asks for its owner.
+            // A child's change asks for its owner; a list's settled resources come once released.
             let (queue, queue_name) = (shared.metrics.clone(), controller.clone());
-            let rx = rx.inspect(move |owner: &reflector::ObjectRef<Served>| {
-                queue.queued(
-                    &queue_name,
-                    &format!(
-                        "{}/{}",
-                        owner.namespace.as_deref().unwrap_or_default(),
-                        owner.name
-                    ),
-                );
-            });
-            let (queue, queue_name) = (shared.metrics.clone(), controller.clone());
-            let later_rx = later_rx.inspect(move |r: &reflector::ObjectRef<Served>| {
-                queue.queued(
-                    &queue_name,
-                    &format!("{}/{}", r.namespace.as_deref().unwrap_or_default(), r.name),
-                );
-            });
+            let asked = futures::stream::select(rx, later_rx).inspect(
+                move |r: &reflector::ObjectRef<Served>| {
+                    queue.queued(&queue_name, &reconcile::ref_key(r));
+                },
+            );
             let name = watch.clone();
             let watch_name = watch.clone();
             let (gone, gone_name) = (shared.metrics.clone(), controller.clone());
@@ -172,8 +160,7 @@ impl Controllers {
                 .with_config(
                     kube::runtime::controller::Config::default().concurrency(settings.concurrency),
                 )
-                .reconcile_on(rx)
-                .reconcile_on(later_rx)
+                .reconcile_on(asked)
                 .reconcile_all_on(rescanned)
                 .graceful_shutdown_on(stopped())
                 .run(reconcile::reconcile, reconcile::error_policy, ctx.clone())
@@ -184,11 +171,7 @@ impl Controllers {
                         // Asked for (a child's change after its owner was deleted), and gone:
                         // it waits no more.
                         Err(kube::runtime::controller::Error::ObjectNotFound(r)) => {
-                            let key = format!(
-                                "{}/{}",
-                                r.namespace.as_deref().unwrap_or_default(),
-                                r.name
-                            );
+                            let key = reconcile::ref_key(&r);
                             gone_settling.started(&key);
                             gone.forgotten(&gone_name, &key);
                         }

@@ -120,7 +120,7 @@ impl Settling {
     }
 
     /// Whether `o`, which the watch just gave, is to be queued now; if not, it is held.
-    pub(crate) fn admit(&self, o: &Served, key: String) -> bool {
+    pub(crate) fn admit(&self, o: &Served) -> bool {
         if !lock(&self.state).listing {
             return true;
         }
@@ -134,7 +134,7 @@ impl Settling {
                 .push(ObjectRef::from_obj_with(o, self.ar.clone()));
             return false;
         }
-        state.waiting.insert(key);
+        state.waiting.insert(super::reconcile::queue_key(o));
         true
     }
 
@@ -218,9 +218,9 @@ mod tests {
         let (tx, mut rx) = mpsc::unbounded();
         let s = Settling::new(ar(), tx, synced());
         s.listing();
-        assert!(!s.admit(&served("calm", 1, ready(1)), "ns/calm".into()));
-        assert!(s.admit(&served("changed", 2, ready(1)), "ns/changed".into()));
-        assert!(s.admit(&served("new", 1, json!(null)), "ns/new".into()));
+        assert!(!s.admit(&served("calm", 1, ready(1))));
+        assert!(s.admit(&served("changed", 2, ready(1))));
+        assert!(s.admit(&served("new", 1, json!(null))));
         s.listed();
         s.started("ns/changed");
         assert!(rx.try_recv().is_err(), "held while a changed one waits");
@@ -228,10 +228,10 @@ mod tests {
         let released = rx.next().await.unwrap();
         assert_eq!(released.name, "calm");
         // Outside a list, everything is queued as it comes.
-        assert!(s.admit(&served("calm", 1, ready(1)), "ns/calm".into()));
+        assert!(s.admit(&served("calm", 1, ready(1))));
         // A list with nothing changed queues what it held as soon as it is done.
         s.listing();
-        assert!(!s.admit(&served("calm", 1, ready(1)), "ns/calm".into()));
+        assert!(!s.admit(&served("calm", 1, ready(1))));
         s.listed();
         assert_eq!(rx.next().await.unwrap().name, "calm");
     }
@@ -245,8 +245,8 @@ mod tests {
             ..Arc::into_inner(Settling::new(ar(), tx, synced())).unwrap()
         });
         s.listing();
-        assert!(!s.admit(&served("calm", 1, ready(1)), "ns/calm".into()));
-        assert!(s.admit(&served("gone", 2, ready(1)), "ns/gone".into()));
+        assert!(!s.admit(&served("calm", 1, ready(1))));
+        assert!(s.admit(&served("gone", 2, ready(1))));
         let since = std::time::Instant::now();
         s.listed();
         assert!(rx.try_recv().is_err(), "held while a changed one waits");

@@ -202,6 +202,13 @@ pub(crate) fn queue_key(obj: &DynamicObject) -> String {
     )
 }
 
+/// [`queue_key`] of the resource a reference names.
+pub(crate) fn ref_key<K: kube::runtime::reflector::Lookup>(
+    r: &kube::runtime::reflector::ObjectRef<K>,
+) -> String {
+    format!("{}/{}", r.namespace.as_deref().unwrap_or_default(), r.name)
+}
+
 /// Times a reconciliation and counts it as active until dropped, so that no early return can
 /// leave the gauge up; `/healthz` also sees it as running.
 struct Measure<'a> {
