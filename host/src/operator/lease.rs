@@ -265,7 +265,7 @@ async fn try_acquire(
                 spec: Some(spec(Some(now_micro()), 0)),
             };
             return match api.create(&PostParams::default(), &lease).await {
-                Ok(_) => Ok(true),
+                Ok(_) => confirm_take(api, name, identity, shards_seen).await,
                 // Someone else created it first.
                 Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
                 Err(e) => Err(e.into()),
@@ -309,10 +309,34 @@ async fn try_acquire(
     // The resourceVersion we read makes this a compare-and-swap: of two replicas taking an
     // expired Lease, one wins.
     match api.replace(name, &PostParams::default(), &updated).await {
-        Ok(_) => Ok(true),
+        Ok(_) if ours => Ok(true),
+        Ok(_) => confirm_take(api, name, identity, shards_seen).await,
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
         Err(e) => Err(e.into()),
     }
+}
+
+/// Looks for shards once more after taking the Lease `name`, and gives it back if a replica
+/// holds one: of a leader and a shard's holder that took their Leases at once, each looked
+/// before its take and looks again after it, so the later of the two sees the other's (the
+/// shards' campaign confirms its takes the same way). Whether this replica leads.
+async fn confirm_take(
+    api: &Api<Lease>,
+    name: &str,
+    identity: &str,
+    shards_seen: &mut std::collections::BTreeMap<String, (Seen, Instant)>,
+) -> Result<bool, AttemptError> {
+    let found = shard_held(api, name, identity, shards_seen).await;
+    if let Ok(None) = found {
+        return Ok(true);
+    }
+    if let Ok(Some(holder)) = &found {
+        tracing::info!(%identity, lease = %name, "giving back the Lease just taken: {holder}");
+    }
+    if let Err(e) = release(api, name, identity).await {
+        tracing::warn!(%identity, lease = %name, "could not give back the Lease just taken (it expires): {e}");
+    }
+    found.map(|_| false).map_err(Into::into)
 }
 
 /// Who holds a shard's Lease of the operator whose single leader's Lease is `name` (replicas

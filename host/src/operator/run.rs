@@ -138,7 +138,11 @@ pub async fn run(
             writes,
         },
         &settings,
-        fence,
+        Holding {
+            fence,
+            // The Lease is held: nothing more to wait for.
+            serving: watch::channel(true).1,
+        },
         prefetched,
         trigger,
     )
@@ -164,15 +168,24 @@ pub(super) struct Replica {
     pub writes: Arc<writes::Writes>,
 }
 
+/// What a pipeline holds: the fence its writes go through, and whether it serves yet (a
+/// shard's take confirmed).
+pub(super) struct Holding {
+    pub fence: Arc<lease::Fence>,
+    pub serving: watch::Receiver<bool>,
+}
+
 /// Serves as the leader (or as the holder of one shard, `settings.shard`) until `stop`
 /// resolves, writing through `fence`; then lets every controller finish and what they had to
-/// report be sent.
+/// report be sent. The watches start at once; the `Plugin` resources are served, and
+/// reconciling begins, once `serving` is true (a shard's take confirmed): its watches list
+/// meanwhile, so that a shard taken over reconciles as soon as it may.
 pub(super) async fn lead(
     client: kube::Client,
     registry: Registry,
     Replica { metrics, writes }: Replica,
     settings: &Settings,
-    fence: Arc<lease::Fence>,
+    Holding { fence, mut serving }: Holding,
     mut prefetched: BTreeMap<String, plugins::Prepared>,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
@@ -236,9 +249,17 @@ pub(super) async fn lead(
             }
         }
     }
-    // Plugins served as `Plugin` resources, loaded as they come, change and go.
+    // Plugins served as `Plugin` resources, loaded as they come, change and go: once this
+    // replica may write (installing a plugin writes its CRDs and its status).
+    let confirmed = settings.plugin_resources.is_none() || {
+        let mut stopped = stopping.clone();
+        tokio::select! {
+            r = serving.wait_for(|s| *s) => r.is_ok(),
+            _ = stopped.wait_for(|s| *s) => false,
+        }
+    };
     let live = match &settings.plugin_resources {
-        Some(live) => {
+        Some(live) if confirmed => {
             let (task, first) = plugins::serve(
                 shared.clone(),
                 settings.clone(),
@@ -249,9 +270,9 @@ pub(super) async fn lead(
             listed.push(("plugins.wasm-operator.dev".to_owned(), first));
             Some(task)
         }
-        None => None,
+        _ => None,
     };
-    if live.is_none() && lock(&controllers.running).is_empty() {
+    if confirmed && live.is_none() && lock(&controllers.running).is_empty() {
         return Err(Error::NothingToServe(
             "no CRD of any Kind the plugins serve is installed".into(),
         ));
@@ -266,6 +287,13 @@ pub(super) async fn lead(
             let listed = tokio::time::timeout_at(deadline, done.wait_for(|d| *d)).await;
             if listed.is_err() {
                 tracing::warn!(watch = %name, "not listed after {SYNC_TIMEOUT:?}; reconciling without it");
+            }
+        }
+        // A shard given back before its take was confirmed never reconciles.
+        if !*serving.borrow() {
+            tracing::info!("caches synced; reconciling once the shard's take is confirmed");
+            if serving.wait_for(|s| *s).await.is_err() {
+                return;
             }
         }
         tracing::info!("caches synced; reconciling");

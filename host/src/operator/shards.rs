@@ -17,6 +17,12 @@
 //!    another shard count (or the single leader's Lease) is held by someone: replicas of two
 //!    shard counts never serve at once, so a reshard waits for the old replicas to go.
 //!
+//! A shard taken is served once a round right after the take confirms that no Lease of another
+//! shard count (or the single leader's) was taken meanwhile; its pipeline starts at the take, so
+//! its watches list while that round runs, and it writes nothing until it is confirmed. When a
+//! Lease this replica could take is about to expire, the next round comes at its expiry rather
+//! than up to a [`RETRY`] later.
+//!
 //! Which resources a shard serves is `shard`'s.
 
 use std::collections::BTreeMap;
@@ -69,13 +75,17 @@ pub(super) enum Role {
     Lost,
 }
 
-/// A shard taken.
+/// A shard taken: its pipeline starts at once, its watches listing while the take waits to be
+/// confirmed; it writes and reconciles nothing before `serving` turns true.
 pub(super) struct Won {
     pub index: u32,
     /// Tells this holding from an earlier one of the same shard.
     pub term: u64,
     pub fence: Arc<Fence>,
     pub role: watch::Receiver<Role>,
+    /// Turns true when the take is confirmed (the fence opens then); closed without turning
+    /// true when the shard is given back unserved.
+    pub serving: watch::Receiver<bool>,
 }
 
 /// What the run loop tells the campaign.
@@ -90,6 +100,8 @@ struct Held {
     term: u64,
     fence: Arc<Fence>,
     role: watch::Sender<Role>,
+    /// Tells the pipeline its take is confirmed.
+    serving: watch::Sender<bool>,
     /// When the last renewal that succeeded was asked for.
     renewed: Instant,
     /// Whether the round after it was taken confirmed that no replica of another shard count
@@ -120,6 +132,11 @@ struct Campaign {
     terms: u64,
     /// Rounds that listed the Leases.
     rounds: u64,
+    /// A shard was taken this round: the next round, which confirms it, comes at once.
+    took: bool,
+    /// When the first Lease of another replica's that this replica could take expires by our
+    /// clock: a round is held then, not up to a [`RETRY`] later.
+    expiry: Option<Instant>,
     won: mpsc::UnboundedSender<Won>,
     metrics: Arc<Metrics>,
     /// Turns true when the operator stops: no shard is taken from then on.
@@ -343,7 +360,10 @@ impl Campaign {
                 Some(why) => {
                     tracing::info!(identity = %self.identity, "taking no shard: {why}");
                 }
-                None => self.take(attempt, now, &shards, fair).await,
+                None => {
+                    self.take(attempt, now, &shards, fair).await;
+                    self.expiry = self.next_expiry(&shards, now);
+                }
             }
         }
         for lease in stale_members {
@@ -446,6 +466,21 @@ impl Campaign {
         }
     }
 
+    /// When the first of `shards` held by another replica expires by our clock (after `now`),
+    /// if this replica may take one then.
+    fn next_expiry(&self, shards: &BTreeMap<u32, Lease>, now: Instant) -> Option<Instant> {
+        shards
+            .iter()
+            .filter(|(index, _)| !self.held.contains_key(index))
+            .filter_map(|(_, lease)| {
+                let (record, at) = self.seen.get(&lease.name_any())?;
+                record.holder.as_ref()?;
+                Some(*at + duration_of(lease))
+            })
+            .filter(|expiry| *expiry > now)
+            .min()
+    }
+
     /// Takes free or expired shards until this replica holds `fair` of them.
     async fn take(
         &mut self,
@@ -510,24 +545,34 @@ impl Campaign {
         }
     }
 
-    /// Holds shard `index`, taken at `attempt`: renewed from now on, served once confirmed.
+    /// Holds shard `index`, taken at `attempt`: renewed from now on, its pipeline started (its
+    /// watches list meanwhile, its fence closed), served once confirmed.
     fn won(&mut self, index: u32, attempt: Instant) {
         self.terms += 1;
         let (role, _) = watch::channel(Role::Leading);
-        self.held.insert(
+        let (serving, _) = watch::channel(false);
+        let held = Held {
+            term: self.terms,
+            fence: Fence::closed(),
+            role,
+            serving,
+            renewed: attempt,
+            confirmed: false,
+        };
+        self.took = true;
+        tracing::info!(identity = %self.identity, shard = index, "took the shard's Lease; its watches start, serving it once the next round confirms");
+        let _ = self.won.send(Won {
             index,
-            Held {
-                term: self.terms,
-                fence: Fence::closed(),
-                role,
-                renewed: attempt,
-                confirmed: false,
-            },
-        );
-        tracing::info!(identity = %self.identity, shard = index, "took the shard's Lease; serving it once the next round confirms");
+            term: held.term,
+            fence: held.fence.clone(),
+            role: held.role.subscribe(),
+            serving: held.serving.subscribe(),
+        });
+        self.held.insert(index, held);
     }
 
-    /// Serves shard `index`, renewed at `attempt`: its fence opens and its pipeline starts.
+    /// Serves shard `index`, renewed at `attempt`: its fence opens and its pipeline, started at
+    /// the take, reconciles.
     fn confirm(&mut self, index: u32, attempt: Instant) {
         let Some(held) = self.held.get_mut(&index) else {
             return;
@@ -538,12 +583,7 @@ impl Campaign {
         self.metrics.set_shard(index, true);
         self.metrics
             .set_leader(&shard_lease(&self.base, index), true);
-        let _ = self.won.send(Won {
-            index,
-            term: held.term,
-            fence: held.fence.clone(),
-            role: held.role.subscribe(),
-        });
+        held.serving.send_replace(true);
     }
 
     /// Stops writing for shard `index` at once and forgets it, its pipeline told why.
@@ -583,7 +623,18 @@ impl Campaign {
                 tracing::warn!(identity = %self.identity, "no answer within {RETRY:?} from the API server about the shards");
             }
             self.check_deadlines();
-            let next = attempt + RETRY;
+            // A shard just taken is confirmed by a round at once (each side of a race looks
+            // after its own take, so the later one sees the earlier); a Lease about to expire
+            // is taken when it does.
+            let next = if std::mem::take(&mut self.took) {
+                Instant::now()
+            } else {
+                let periodic = attempt + RETRY;
+                self.expiry
+                    .take()
+                    .filter(|e| *e > Instant::now())
+                    .map_or(periodic, |e| e.min(periodic))
+            };
             loop {
                 tokio::select! {
                     _ = tokio::time::sleep_until(next.into()) => break,
@@ -686,6 +737,8 @@ pub(super) async fn serve(
         held: BTreeMap::new(),
         terms: 0,
         rounds: 0,
+        took: false,
+        expiry: None,
         won: won_tx,
         metrics: metrics.clone(),
         stop: stop.clone(),
@@ -699,7 +752,7 @@ pub(super) async fn serve(
     loop {
         tokio::select! {
             Some(w) = won.recv() => {
-                let Won { index, term, fence, mut role } = w;
+                let Won { index, term, fence, mut role, serving } = w;
                 let mut shard_settings = settings.clone();
                 shard_settings.shard = Some(Shard { sharding, index });
                 let (client, registry, ended_tx) =
@@ -725,7 +778,7 @@ pub(super) async fn serve(
                             registry,
                             replica,
                             &shard_settings,
-                            fence,
+                            super::run::Holding { fence, serving },
                             prefetched,
                             stopped,
                         )
