@@ -101,6 +101,26 @@ impl Controllers {
                     }
                 }
             };
+            // With shards, shard 0's holder labels the resources with no shard label, which
+            // no shard's watch selects (`labeller`).
+            if let Some(shard) = shared.shard
+                && shard.index == 0
+                && shard.sharding.count > 1
+            {
+                let (api, _) = scoped::<kube::core::PartialObjectMeta<kube::api::DynamicObject>>(
+                    &shared.client,
+                    scope.as_deref(),
+                    &ar,
+                    &controller,
+                );
+                let labelling = super::labeller::run(
+                    ctx.clone(),
+                    api,
+                    usize::from(settings.concurrency),
+                    stopped(),
+                );
+                lock(&self.running).push(tokio::spawn(labelling));
+            }
             // A resource is rendered again when what its render reads changes (spec, labels,
             // annotations), not when only its status does: most of its updates are our own
             // status writes. Children's events, resyncs and retries reach it through the

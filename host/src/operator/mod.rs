@@ -19,6 +19,7 @@ mod children;
 mod controllers;
 mod discovery;
 pub mod events;
+mod labeller;
 pub mod lease;
 mod live;
 pub mod metrics;

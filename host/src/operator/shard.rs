@@ -13,7 +13,10 @@
 //! larger K, or one a person wrote). Only the holder of that shard's Lease writes the resource,
 //! its children or its status; when the hash names another shard, that holder moves it there
 //! with one write of the label, and serves it no more. A new resource, or every resource after K
-//! changed, is so moved once.
+//! changed, is so moved once. A resource with no label (a new one, or one a single leader served)
+//! is selected by no shard's watch: shard 0's holder labels it with the shard its hash names, 0
+//! included, from a watch of the unlabelled resources' metadata that it keeps nowhere
+//! (`labeller`), so that it holds a share of the resources like every other holder.
 //!
 //! Children carry their owner's shard in the same label, so that a replica keeps only its own
 //! shards' children (those of other shards are known by a hash of their name, as objects the
@@ -95,9 +98,11 @@ impl Sharding {
     pub fn selector(&self, index: u32) -> Option<String> {
         match (self.count, index) {
             (0 | 1, _) => None,
-            // No label, an unknown value, or 0: every value but those of the other shards.
+            // A label of 0 or of no shard of this count: any value but the other shards'.
+            // Resources with no label are selected by none: shard 0's holder labels them
+            // (`labeller`).
             (count, 0) => Some(format!(
-                "{SHARD_LABEL} notin ({})",
+                "{SHARD_LABEL},{SHARD_LABEL} notin ({})",
                 (1..count)
                     .map(|s| s.to_string())
                     .collect::<Vec<_>>()
@@ -238,7 +243,7 @@ mod tests {
         };
         assert_eq!(
             s.selector(0).as_deref(),
-            Some("wasm-operator.dev/shard notin (1,2)")
+            Some("wasm-operator.dev/shard,wasm-operator.dev/shard notin (1,2)")
         );
         assert_eq!(s.selector(2).as_deref(), Some("wasm-operator.dev/shard=2"));
         let one = Sharding {
@@ -299,7 +304,7 @@ mod tests {
         // Labelled with the shard its hash names: served there, and nowhere else.
         assert!(two.serves("default", stays, Some(&at(2))));
         assert!(!zero.serves("default", stays, Some(&at(2))));
-        // Unlabelled and named for shard 0: served there as it is, with no label written.
+        // Unlabelled and named for shard 0: shard 0's (which labels it, `labeller`).
         let of_zero = names.iter().find(|n| home(n) == 0).expect("one of shard 0");
         assert!(zero.serves("default", of_zero, None));
         assert!(!two.serves("default", of_zero, None));

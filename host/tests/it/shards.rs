@@ -337,9 +337,8 @@ async fn a_killed_replicas_shard_is_taken_over_and_the_other_shard_never_notices
     for n in &names {
         let want = sharding.of(ns, n).to_string();
         let svc = get(cp, ns, &format!("services.hanzo.ai/{n}")).unwrap();
-        // Shard 0's resources need no label: a resource with none is shard 0's.
-        let labelled = (want != "0").then_some(want.as_str());
-        assert_eq!(shard_label(&svc).as_deref(), labelled, "{n}");
+        // Each labelled with its shard, 0 included, by shard 0's holder.
+        assert_eq!(shard_label(&svc).as_deref(), Some(want.as_str()), "{n}");
         let deployment = get(cp, ns, &format!("deployment/{n}")).unwrap();
         assert_eq!(
             shard_label(&deployment).as_deref(),
@@ -354,8 +353,8 @@ async fn a_killed_replicas_shard_is_taken_over_and_the_other_shard_never_notices
         !a_names.is_empty() && !b_names.is_empty(),
         "both shards have resources: {a_names:?} {b_names:?}"
     );
-    // New resources are shard 0's until labelled: its holder moves those of shard 1 (one write
-    // each), and everything else of a resource is written by its own shard's holder alone.
+    // New resources are shard 0's until labelled: its holder labels each (one write, whatever
+    // its shard), and everything else of a resource is written by its own shard's holder alone.
     let holder = |shard: u32| {
         if shard == a_shard {
             "replica-a"
@@ -369,6 +368,18 @@ async fn a_killed_replicas_shard_is_taken_over_and_the_other_shard_never_notices
             before.iter().any(|w| w.by == replica),
             "{replica} wrote nothing (or its writes were not recognized)"
         );
+    }
+    for n in &names {
+        let labels = before
+            .iter()
+            .filter(|w| {
+                w.resource == "services.hanzo.ai"
+                    && w.subresource.is_empty()
+                    && w.verb == "patch"
+                    && w.name == *n
+            })
+            .count();
+        assert_eq!(labels, 1, "{n}'s label written {labels} times");
     }
     for w in before {
         let Some(owner) = owner_of(&names, &w.name) else {

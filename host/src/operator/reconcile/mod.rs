@@ -153,17 +153,18 @@ pub(crate) async fn reconcile(
     result
 }
 
-/// Moves the resource `obj` to the shard `target` by labelling it so
+/// Moves the resource whose metadata is `meta` to the shard `target` by labelling it so
 /// ([`super::shard::SHARD_LABEL`]): a server-side apply of that label alone, under a field
 /// manager of its own, by the holder of the shard the resource is in now (nobody else writes
-/// it). The holder of `target` serves the resource from then on, and applies its children again
+/// it; shard 0's, for a resource with no label yet: `labeller`). The holder of `target` serves the resource from then on, and applies its children again
 /// with that label.
-async fn move_to_shard(
-    obj: &DynamicObject,
+pub(super) async fn move_to_shard(
+    meta: &kube::api::ObjectMeta,
     ctx: &KindCtx,
     target: u32,
-) -> Result<(), ReconcileError> {
-    let (namespace, name) = (obj.namespace().unwrap_or_default(), obj.name_any());
+) -> Result<(), kube::Error> {
+    let namespace = meta.namespace.clone().unwrap_or_default();
+    let name = meta.name.clone().unwrap_or_default();
     let api: Api<DynamicObject> =
         Api::namespaced_with(ctx.shared.client.clone(), &namespace, &*ctx.ar);
     let body = json!({
@@ -172,7 +173,7 @@ async fn move_to_shard(
         "metadata": {
             "name": name,
             // Applied to this very object: one made again under its name is not moved.
-            "uid": obj.metadata.uid,
+            "uid": meta.uid,
             "labels": { super::shard::SHARD_LABEL: target.to_string() },
         },
     });
@@ -343,7 +344,7 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &KindCtx) -> Result<Action, R
             // is not written twice.
             let moved = lock(&ctx.shared.labelled).get(&uid) == Some(&version);
             if !moved {
-                move_to_shard(obj, ctx, target).await?;
+                move_to_shard(&obj.metadata, ctx, target).await?;
                 lock(&ctx.shared.labelled).insert(uid, version);
             }
             return Ok(Action::await_change());
