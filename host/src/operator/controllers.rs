@@ -113,12 +113,8 @@ impl Controllers {
                     &ar,
                     &controller,
                 );
-                let labelling = super::labeller::run(
-                    ctx.clone(),
-                    api,
-                    usize::from(settings.concurrency),
-                    stopped(),
-                );
+                let labelling =
+                    super::labeller::run(ctx.clone(), api, settings.concurrency, stopped.clone());
                 lock(&self.running).push(tokio::spawn(labelling));
             }
             // A resource is rendered again when what its render reads changes (spec, labels,
@@ -299,9 +295,9 @@ fn owners_config(settings: &Settings) -> watcher::Config {
 }
 
 /// Trims a resource of a served Kind as the store keeps it (`trim_resource`). With shards, a
-/// resource this shard only moves elsewhere (every resource of the cluster at first, for shard
-/// 0, whose watch lists those with no label) keeps only what moving it reads: its identity, its
-/// version and its shard label; no spec, status, annotations or other labels.
+/// resource this shard only moves elsewhere (labelled with this shard, or with none of this
+/// shard count's, and named for another: after a reshard) keeps only what moving it reads: its
+/// identity, its version and its shard label; no spec, status, annotations or other labels.
 fn trim_served(shard: Option<super::shard::Shard>, o: &mut Served) {
     trim_resource(o);
     let Some(shard) = shard else { return };

@@ -167,7 +167,14 @@ async fn campaign(
         // A request that hangs (a partition) must not hold the loop past the deadline.
         let result = tokio::time::timeout(
             RETRY,
-            try_acquire(&api, &name, &identity, &mut seen, &mut shards_seen),
+            try_acquire(
+                &api,
+                &name,
+                &identity,
+                last_renewal.is_some(),
+                &mut seen,
+                &mut shards_seen,
+            ),
         )
         .await
         .unwrap_or(Err(AttemptError::NoAnswer(RETRY)));
@@ -233,12 +240,15 @@ enum AttemptError {
     NoAnswer(Duration),
 }
 
-/// One round: take the Lease if it is free or expired, renew it if ours. Returns whether we
-/// hold it now.
+/// One round: take the Lease if it is free or expired, renew it if ours and `leading`. Returns
+/// whether we hold it now. A Lease in our name that we do not lead by (a take whose look after
+/// it did not finish, or a restart under the same identity) is taken as any other: looked at
+/// before and after.
 async fn try_acquire(
     api: &Api<Lease>,
     name: &str,
     identity: &str,
+    leading: bool,
     seen: &mut Option<(Seen, Instant)>,
     shards_seen: &mut std::collections::BTreeMap<String, (Seen, Instant)>,
 ) -> Result<bool, AttemptError> {
@@ -294,7 +304,8 @@ async fn try_acquire(
     if !ours && !expired {
         return Ok(false);
     }
-    if !ours && let Some(holder) = shard_held(api, name, identity, shards_seen).await? {
+    let renewing = ours && leading;
+    if !renewing && let Some(holder) = shard_held(api, name, identity, shards_seen).await? {
         tracing::info!(%identity, lease = %name, "not taking the Lease: {holder}");
         return Ok(false);
     }
@@ -309,7 +320,7 @@ async fn try_acquire(
     // The resourceVersion we read makes this a compare-and-swap: of two replicas taking an
     // expired Lease, one wins.
     match api.replace(name, &PostParams::default(), &updated).await {
-        Ok(_) if ours => Ok(true),
+        Ok(_) if renewing => Ok(true),
         Ok(_) => confirm_take(api, name, identity, shards_seen).await,
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
         Err(e) => Err(e.into()),

@@ -47,6 +47,13 @@ pub(super) const ROLE_LABEL: &str = "wasm-operator.dev/lease-role";
 /// On a shard's Lease: the shard count of the replica that last took it.
 const SHARDS_ANNOTATION: &str = "wasm-operator.dev/shards";
 
+/// How long another replica's shard Lease must have gone unrenewed, by our clock, before this
+/// replica (which would take it) starts that shard's pipeline: watching, its fence closed, so
+/// that its caches have listed by the time the Lease expires and is taken. Renewals come every
+/// [`RETRY`]: five missed mean the holder is gone or cut off, and it stops writing at
+/// [`RENEW_DEADLINE`] after its last renewal anyway.
+const WARM_AFTER: Duration = RENEW_DEADLINE;
+
 /// The longest `--lease-name` sharding takes: it is a label's value on every Lease.
 pub const MAX_LEASE_NAME: usize = 63;
 
@@ -111,6 +118,14 @@ struct Held {
     confirmed: bool,
 }
 
+/// A shard whose pipeline runs before its Lease is taken ([`WARM_AFTER`]).
+struct Warming {
+    term: u64,
+    fence: Arc<Fence>,
+    role: watch::Sender<Role>,
+    serving: watch::Sender<bool>,
+}
+
 /// A Lease's record as last seen, and when it last changed by our clock.
 #[derive(Debug, Clone, PartialEq)]
 struct Record {
@@ -129,6 +144,8 @@ struct Campaign {
     offset: u32,
     seen: BTreeMap<String, (Record, Instant)>,
     held: BTreeMap<u32, Held>,
+    /// Shards about to expire whose pipeline runs already, unserved.
+    warming: BTreeMap<u32, Warming>,
     terms: u64,
     /// Rounds that listed the Leases.
     rounds: u64,
@@ -182,6 +199,14 @@ impl Campaign {
             }
         };
         held && now.duration_since(changed) < duration_of(lease)
+    }
+
+    /// Whether `lease`'s record changed within its duration, by our clock, held or not (after
+    /// [`Self::live`] has seen it this round).
+    fn changed_within(&self, lease: &Lease, now: Instant) -> bool {
+        self.seen
+            .get(&lease.name_any())
+            .is_some_and(|(_, at)| now.duration_since(*at) < duration_of(lease))
     }
 
     fn shard_spec(&self, acquire: Option<MicroTime>, transitions: i32) -> LeaseSpec {
@@ -265,18 +290,34 @@ impl Campaign {
         };
         let now = Instant::now();
         let mut members = 0usize;
+        // Those renewed within [`WARM_AFTER`]: the share this replica will have once the others
+        // expire, which it readies for.
+        let mut renewing = 0usize;
+        // When the first member Lease of another expires by our clock.
+        let mut member_expiry: Option<Instant> = None;
         let mut member_seen = false;
         let mut barrier = None;
         let mut shards: BTreeMap<u32, Lease> = BTreeMap::new();
         let mut stale_members = Vec::new();
-        if let Some(lease) = &single
-            && self.live(lease, now)
-        {
-            barrier = Some(format!(
-                "{} holds the Lease {} (one leader, no shards)",
-                holder_of(lease).unwrap_or_default(),
-                self.base
-            ));
+        if let Some(lease) = &single {
+            // Released (or expired) within its duration, as this replica saw it change: a
+            // standby of one leader may be taking it. One from before `confirm_take` looks
+            // for shards only before its take, so this replica waits until a standby would
+            // have taken it. (Seen first as it is now, it was not seen to change.)
+            let first = !self.seen.contains_key(&lease.name_any());
+            if self.live(lease, now) {
+                barrier = Some(format!(
+                    "{} holds the Lease {} (one leader, no shards)",
+                    holder_of(lease).unwrap_or_default(),
+                    self.base
+                ));
+            } else if !first && self.changed_within(lease, now) {
+                barrier = Some(format!(
+                    "the Lease {} (one leader, no shards) was given up less than {:?} ago",
+                    self.base,
+                    duration_of(lease)
+                ));
+            }
         }
         for lease in leases {
             let live = self.live(&lease, now);
@@ -291,6 +332,18 @@ impl Campaign {
                         == Some(&self.sharding.count.to_string());
                     if live && same {
                         members += 1;
+                        let at = self.seen.get(&lease.name_any()).map(|(_, at)| *at);
+                        if lease.name_any() == self.member
+                            || at.is_some_and(|at| now.duration_since(at) < WARM_AFTER)
+                        {
+                            renewing += 1;
+                        }
+                        if lease.name_any() != self.member
+                            && let Some(at) = at
+                        {
+                            let expiry = at + duration_of(&lease);
+                            member_expiry = Some(member_expiry.map_or(expiry, |e| e.min(expiry)));
+                        }
                     } else if !live
                         && self.seen.get(&lease.name_any()).is_some_and(|(_, at)| {
                             now.duration_since(*at) > 4 * duration_of(&lease)
@@ -338,6 +391,14 @@ impl Campaign {
             .count
             .div_ceil(u32::try_from(members).unwrap_or(u32::MAX));
         let fair = usize::try_from(fair).unwrap_or(usize::MAX);
+        if !member_seen {
+            renewing += 1;
+        }
+        let fair_soon = self
+            .sharding
+            .count
+            .div_ceil(u32::try_from(renewing.max(1)).unwrap_or(u32::MAX));
+        let fair_soon = usize::try_from(fair_soon).unwrap_or(usize::MAX);
         // More than its share: one shard at a time is given back.
         let yielding = self.held.values().any(|h| *h.role.borrow() == Role::Yield);
         if self.held.len() > fair
@@ -353,17 +414,32 @@ impl Campaign {
         // Nor once the operator stops.
         self.rounds += 1;
         if self.rounds == 1 || *self.stop.borrow() {
+            self.warm(&shards, now, 0);
             return;
         }
-        if self.held.len() < fair {
-            match &barrier {
-                Some(why) => {
+        match &barrier {
+            Some(why) => {
+                if self.held.len() < fair {
                     tracing::info!(identity = %self.identity, "taking no shard: {why}");
                 }
-                None => {
+                self.warm(&shards, now, 0);
+            }
+            None => {
+                if self.held.len() < fair {
                     self.take(attempt, now, &shards, fair).await;
-                    self.expiry = self.next_expiry(&shards, now);
                 }
+                // The share it will have once the Leases of those not renewing expire: their
+                // shards' pipelines start now, and a round comes when the first Lease (a
+                // shard's, or a member's that widens the share) expires.
+                let soon = fair.max(fair_soon);
+                if self.held.len() < soon {
+                    self.expiry = [self.next_expiry(&shards, now), member_expiry]
+                        .into_iter()
+                        .flatten()
+                        .filter(|e| *e > now)
+                        .min();
+                }
+                self.warm(&shards, now, soon);
             }
         }
         for lease in stale_members {
@@ -548,27 +624,97 @@ impl Campaign {
     /// Holds shard `index`, taken at `attempt`: renewed from now on, its pipeline started (its
     /// watches list meanwhile, its fence closed), served once confirmed.
     fn won(&mut self, index: u32, attempt: Instant) {
+        let warm = self.warming.remove(&index);
+        let started = warm.is_some();
+        let Warming {
+            term,
+            fence,
+            role,
+            serving,
+        } = warm.unwrap_or_else(|| self.start_pipeline(index));
+        self.held.insert(
+            index,
+            Held {
+                term,
+                fence,
+                role,
+                serving,
+                renewed: attempt,
+                confirmed: false,
+            },
+        );
+        self.took = true;
+        if started {
+            tracing::info!(identity = %self.identity, shard = index, "took the shard's Lease, its watches started already; serving it once the next round confirms");
+        } else {
+            tracing::info!(identity = %self.identity, shard = index, "took the shard's Lease; its watches start, serving it once the next round confirms");
+        }
+    }
+
+    /// Starts a pipeline for shard `index`, unserved and its fence closed.
+    fn start_pipeline(&mut self, index: u32) -> Warming {
         self.terms += 1;
         let (role, _) = watch::channel(Role::Leading);
         let (serving, _) = watch::channel(false);
-        let held = Held {
+        let started = Warming {
             term: self.terms,
             fence: Fence::closed(),
             role,
             serving,
-            renewed: attempt,
-            confirmed: false,
         };
-        self.took = true;
-        tracing::info!(identity = %self.identity, shard = index, "took the shard's Lease; its watches start, serving it once the next round confirms");
         let _ = self.won.send(Won {
             index,
-            term: held.term,
-            fence: held.fence.clone(),
-            role: held.role.subscribe(),
-            serving: held.serving.subscribe(),
+            term: started.term,
+            fence: started.fence.clone(),
+            role: started.role.subscribe(),
+            serving: started.serving.subscribe(),
         });
-        self.held.insert(index, held);
+        started
+    }
+
+    /// Whether `lease`, another replica's, has gone unrenewed for [`WARM_AFTER`] by our clock
+    /// (after [`Self::live`] has seen it this round).
+    fn abandoned(&self, lease: &Lease, now: Instant) -> bool {
+        holder_of(lease).is_some_and(|h| h != self.identity)
+            && self
+                .seen
+                .get(&lease.name_any())
+                .is_some_and(|(_, at)| now.duration_since(*at) >= WARM_AFTER)
+    }
+
+    /// Starts the pipeline of each shard of `shards` that this replica would take (within its
+    /// `fair` share) and whose Lease is [`Self::abandoned`]; stops those warming whose Lease was
+    /// renewed or taken by another since, and every one when this replica holds `fair` already.
+    fn warm(&mut self, shards: &BTreeMap<u32, Lease>, now: Instant, fair: usize) {
+        let cold: Vec<u32> = self
+            .warming
+            .keys()
+            .copied()
+            .filter(|i| {
+                self.held.len() >= fair || !shards.get(i).is_some_and(|l| self.abandoned(l, now))
+            })
+            .collect();
+        for index in cold {
+            if let Some(w) = self.warming.remove(&index) {
+                tracing::info!(identity = %self.identity, shard = index, "the shard's Lease was renewed or taken: its watches stop");
+                w.role.send_replace(Role::Lost);
+            }
+        }
+        for (index, lease) in shards {
+            if self.held.len() + self.warming.len() >= fair {
+                break;
+            }
+            if self.held.contains_key(index)
+                || self.warming.contains_key(index)
+                || !self.abandoned(lease, now)
+            {
+                continue;
+            }
+            tracing::info!(identity = %self.identity, shard = index, holder = holder_of(lease).unwrap_or_default(),
+                "the shard's Lease has not been renewed for {WARM_AFTER:?}: its watches start, to serve it once the Lease expires and is taken");
+            let started = self.start_pipeline(*index);
+            self.warming.insert(*index, started);
+        }
     }
 
     /// Serves shard `index`, renewed at `attempt`: its fence opens and its pipeline, started at
@@ -626,12 +772,12 @@ impl Campaign {
             // A shard just taken is confirmed by a round at once (each side of a race looks
             // after its own take, so the later one sees the earlier); a Lease about to expire
             // is taken when it does.
+            let expiry = self.expiry.take();
             let next = if std::mem::take(&mut self.took) {
                 Instant::now()
             } else {
                 let periodic = attempt + RETRY;
-                self.expiry
-                    .take()
+                expiry
                     .filter(|e| *e > Instant::now())
                     .map_or(periodic, |e| e.min(periodic))
             };
@@ -640,6 +786,11 @@ impl Campaign {
                     _ = tokio::time::sleep_until(next.into()) => break,
                     msg = ctl.recv() => match msg {
                         Some(Ctl::Stopped { index, term }) => {
+                            // A pipeline started early that ended by itself: a take starts
+                            // another.
+                            if self.warming.get(&index).is_some_and(|w| w.term == term) {
+                                self.warming.remove(&index);
+                            }
                             if self.held.get(&index).is_some_and(|h| h.term == term) {
                                 self.drop_shard(index, Role::Yield);
                                 // A request of the pipeline may still be on its way (its
@@ -654,6 +805,9 @@ impl Campaign {
                             }
                         }
                         Some(Ctl::Quit) | None => {
+                            for (_, w) in std::mem::take(&mut self.warming) {
+                                w.role.send_replace(Role::Lost);
+                            }
                             let held: Vec<u32> = self.held.keys().copied().collect();
                             for index in &held {
                                 self.drop_shard(*index, Role::Yield);
@@ -735,6 +889,7 @@ pub(super) async fn serve(
         .unwrap_or(0),
         seen: BTreeMap::new(),
         held: BTreeMap::new(),
+        warming: BTreeMap::new(),
         terms: 0,
         rounds: 0,
         took: false,

@@ -428,6 +428,17 @@ async fn a_killed_replicas_shard_is_taken_over_and_the_other_shard_never_notices
         BTreeSet::from([0, 1]),
         "replica-b holds both shards"
     );
+    // Its watches of A's shard started once A's Lease had gone unrenewed a while, before the
+    // Lease expired: the take found them listed.
+    let logs = b.logs();
+    let (warm, took) = (
+        logs.find("has not been renewed for"),
+        logs.find("took the shard's Lease, its watches started already"),
+    );
+    assert!(
+        warm.is_some() && took.is_some() && warm < took,
+        "replica-b did not start A's shard's watches before taking it:\n{logs}"
+    );
 
     let writes = writes(cp, ns);
     // Each object in turn: the resource labelled by shard 0's holder, then served by its own

@@ -156,8 +156,10 @@ pub(crate) async fn reconcile(
 /// Moves the resource whose metadata is `meta` to the shard `target` by labelling it so
 /// ([`super::shard::SHARD_LABEL`]): a server-side apply of that label alone, under a field
 /// manager of its own, by the holder of the shard the resource is in now (nobody else writes
-/// it; shard 0's, for a resource with no label yet: `labeller`). The holder of `target` serves the resource from then on, and applies its children again
-/// with that label.
+/// it; shard 0's, for a resource with no label yet: `labeller`). The holder of `target` serves
+/// the resource from then on, and applies its children again with that label. Applied to the
+/// version `meta` names: if the resource changed since (its label too, perhaps), the API server
+/// refuses (409) and the watch brings the new version.
 pub(super) async fn move_to_shard(
     meta: &kube::api::ObjectMeta,
     ctx: &KindCtx,
@@ -172,8 +174,10 @@ pub(super) async fn move_to_shard(
         "kind": ctx.ar.kind,
         "metadata": {
             "name": name,
-            // Applied to this very object: one made again under its name is not moved.
+            // Applied to this very object, as it was seen: one made again under its name is
+            // not moved, nor one changed since.
             "uid": meta.uid,
+            "resourceVersion": meta.resource_version,
             "labels": { super::shard::SHARD_LABEL: target.to_string() },
         },
     });
