@@ -116,11 +116,69 @@ impl Fence {
     }
 }
 
-/// Who holds the Lease, as last seen, and when the record last changed by our clock.
+/// A Lease's record: who holds it, and when they last renewed it (as written).
 #[derive(Debug, Clone, PartialEq)]
-struct Seen {
-    holder: Option<String>,
+pub(super) struct Record {
+    pub(super) holder: Option<String>,
     renew: Option<String>,
+}
+
+/// Each Lease as last seen, and when its record last changed by our clock: a Lease is judged by
+/// its own duration counted from then, never by another machine's clock (as client-go's leader
+/// election does).
+#[derive(Debug, Default)]
+pub(super) struct Observed(std::collections::BTreeMap<String, (Record, Instant)>);
+
+impl Observed {
+    /// Notes `lease` as seen at `now`: its holder, and since when its record has been as it is
+    /// (`now` when it changed, or is seen first).
+    pub(super) fn see(&mut self, lease: &Lease, now: Instant) -> (Option<String>, Instant) {
+        let spec = lease.spec.as_ref();
+        let record = Record {
+            holder: spec
+                .and_then(|s| s.holder_identity.clone())
+                .filter(|h| !h.is_empty()),
+            renew: spec.and_then(|s| s.renew_time.as_ref().map(|t| t.0.to_string())),
+        };
+        let name = lease.metadata.name.clone().unwrap_or_default();
+        let since = match self.0.get(&name) {
+            Some((r, at)) if *r == record => *at,
+            _ => now,
+        };
+        let holder = record.holder.clone();
+        self.0.insert(name, (record, since));
+        (holder, since)
+    }
+
+    /// Whether `lease` is held by someone whose renewals we still see: a holder, and a record
+    /// that changed within its duration (noting it, as [`Self::see`]).
+    pub(super) fn live(&mut self, lease: &Lease, now: Instant) -> bool {
+        let (holder, since) = self.see(lease, now);
+        holder.is_some() && now.duration_since(since) < duration_of(lease)
+    }
+
+    /// The Lease `name` as last seen, and since when its record has been so.
+    pub(super) fn get(&self, name: &str) -> Option<&(Record, Instant)> {
+        self.0.get(name)
+    }
+
+    pub(super) fn contains(&self, name: &str) -> bool {
+        self.0.contains_key(name)
+    }
+
+    pub(super) fn forget(&mut self, name: &str) {
+        self.0.remove(name);
+    }
+}
+
+/// The duration `lease` says it has ([`LEASE_DURATION`] when it says none).
+pub(super) fn duration_of(lease: &Lease) -> Duration {
+    lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.lease_duration_seconds)
+        .and_then(|d| u64::try_from(d).ok())
+        .map_or(LEASE_DURATION, Duration::from_secs)
 }
 
 /// Campaigns for the Lease `namespace/name` as `identity`. Returns whether this replica leads
@@ -156,8 +214,8 @@ async fn campaign(
     leading: watch::Sender<bool>,
     fence: Arc<Fence>,
 ) {
-    let mut seen: Option<(Seen, Instant)> = None;
-    let mut shards_seen = std::collections::BTreeMap::new();
+    let mut seen = Observed::default();
+    let mut shards_seen = Observed::default();
     let mut last_renewal: Option<Instant> = None;
     loop {
         if leading.is_closed() {
@@ -249,8 +307,8 @@ async fn try_acquire(
     name: &str,
     identity: &str,
     leading: bool,
-    seen: &mut Option<(Seen, Instant)>,
-    shards_seen: &mut std::collections::BTreeMap<String, (Seen, Instant)>,
+    seen: &mut Observed,
+    shards_seen: &mut Observed,
 ) -> Result<bool, AttemptError> {
     let spec = |acquire: Option<MicroTime>, transitions: i32| LeaseSpec {
         holder_identity: Some(identity.to_owned()),
@@ -283,24 +341,10 @@ async fn try_acquire(
         }
     };
     let current = lease.spec.clone().unwrap_or_default();
-    let record = Seen {
-        holder: current.holder_identity.clone().filter(|h| !h.is_empty()),
-        renew: current.renew_time.as_ref().map(|t| t.0.to_string()),
-    };
     let now = Instant::now();
-    let changed_at = match seen {
-        Some((s, at)) if *s == record => *at,
-        _ => {
-            *seen = Some((record.clone(), now));
-            now
-        }
-    };
-    let ours = record.holder.as_deref() == Some(identity);
-    let duration = current
-        .lease_duration_seconds
-        .and_then(|d| u64::try_from(d).ok())
-        .map_or(LEASE_DURATION, Duration::from_secs);
-    let expired = record.holder.is_none() || now.duration_since(changed_at) >= duration;
+    let (holder, since) = seen.see(&lease, now);
+    let ours = holder.as_deref() == Some(identity);
+    let expired = holder.is_none() || now.duration_since(since) >= duration_of(&lease);
     if !ours && !expired {
         return Ok(false);
     }
@@ -335,7 +379,7 @@ async fn confirm_take(
     api: &Api<Lease>,
     name: &str,
     identity: &str,
-    shards_seen: &mut std::collections::BTreeMap<String, (Seen, Instant)>,
+    shards_seen: &mut Observed,
 ) -> Result<bool, AttemptError> {
     let found = shard_held(api, name, identity, shards_seen).await;
     if let Ok(None) = found {
@@ -357,7 +401,7 @@ async fn shard_held(
     api: &Api<Lease>,
     name: &str,
     identity: &str,
-    seen: &mut std::collections::BTreeMap<String, (Seen, Instant)>,
+    seen: &mut Observed,
 ) -> Result<Option<String>, kube::Error> {
     let params = kube::api::ListParams::default().labels(&format!(
         "{}={name},{}=shard",
@@ -376,28 +420,13 @@ async fn shard_held(
         Err(e) => return Err(e),
     };
     for lease in leases {
-        let spec = lease.spec.clone().unwrap_or_default();
-        let record = Seen {
-            holder: spec.holder_identity.clone().filter(|h| !h.is_empty()),
-            renew: spec.renew_time.as_ref().map(|t| t.0.to_string()),
-        };
-        let lease_name = lease.metadata.name.clone().unwrap_or_default();
-        let changed = match seen.get(&lease_name) {
-            Some((s, at)) if *s == record => *at,
-            _ => {
-                seen.insert(lease_name.clone(), (record.clone(), now));
-                now
-            }
-        };
-        let duration = spec
-            .lease_duration_seconds
-            .and_then(|d| u64::try_from(d).ok())
-            .map_or(LEASE_DURATION, Duration::from_secs);
-        if let Some(holder) = record.holder.filter(|h| h != identity)
-            && now.duration_since(changed) < duration
+        let (holder, since) = seen.see(&lease, now);
+        if let Some(holder) = holder.filter(|h| h != identity)
+            && now.duration_since(since) < duration_of(&lease)
         {
             return Ok(Some(format!(
-                "{holder} holds the shard's Lease {lease_name}"
+                "{holder} holds the shard's Lease {}",
+                lease.metadata.name.as_deref().unwrap_or_default()
             )));
         }
     }

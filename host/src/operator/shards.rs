@@ -36,7 +36,9 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use tokio::sync::{mpsc, watch};
 
-use super::lease::{Fence, LEASE_DURATION, RENEW_DEADLINE, RETRY, WRITE_TIMEOUT};
+use super::lease::{
+    Fence, LEASE_DURATION, Observed, RENEW_DEADLINE, RETRY, WRITE_TIMEOUT, duration_of,
+};
 use super::shard::{Shard, Sharding};
 use super::{Error, Metrics, Registry, Settings};
 
@@ -126,13 +128,6 @@ struct Warming {
     serving: watch::Sender<bool>,
 }
 
-/// A Lease's record as last seen, and when it last changed by our clock.
-#[derive(Debug, Clone, PartialEq)]
-struct Record {
-    holder: Option<String>,
-    renew: Option<String>,
-}
-
 struct Campaign {
     api: Api<Lease>,
     base: String,
@@ -142,7 +137,7 @@ struct Campaign {
     /// Where this replica starts looking for a shard to take, so that replicas starting at
     /// once do not all race for shard 0.
     offset: u32,
-    seen: BTreeMap<String, (Record, Instant)>,
+    seen: Observed,
     held: BTreeMap<u32, Held>,
     /// Shards about to expire whose pipeline runs already, unserved.
     warming: BTreeMap<u32, Warming>,
@@ -164,15 +159,6 @@ fn now_micro() -> MicroTime {
     MicroTime(Timestamp::now())
 }
 
-fn duration_of(lease: &Lease) -> Duration {
-    lease
-        .spec
-        .as_ref()
-        .and_then(|s| s.lease_duration_seconds)
-        .and_then(|d| u64::try_from(d).ok())
-        .map_or(LEASE_DURATION, Duration::from_secs)
-}
-
 fn holder_of(lease: &Lease) -> Option<&str> {
     lease
         .spec
@@ -182,23 +168,9 @@ fn holder_of(lease: &Lease) -> Option<&str> {
 }
 
 impl Campaign {
-    /// Whether `lease` is held by someone whose renewals we still see: a holder, and a record
-    /// that changed within its duration, by our clock.
+    /// Whether `lease` is held by someone whose renewals we still see ([`Observed::live`]).
     fn live(&mut self, lease: &Lease, now: Instant) -> bool {
-        let spec = lease.spec.clone().unwrap_or_default();
-        let record = Record {
-            holder: spec.holder_identity.filter(|h| !h.is_empty()),
-            renew: spec.renew_time.map(|t| t.0.to_string()),
-        };
-        let held = record.holder.is_some();
-        let changed = match self.seen.get(&lease.name_any()) {
-            Some((r, at)) if *r == record => *at,
-            _ => {
-                self.seen.insert(lease.name_any(), (record, now));
-                now
-            }
-        };
-        held && now.duration_since(changed) < duration_of(lease)
+        self.seen.live(lease, now)
     }
 
     /// Whether `lease`'s record changed within its duration, by our clock, held or not (after
@@ -293,6 +265,8 @@ impl Campaign {
         // Those renewed within [`WARM_AFTER`]: the share this replica will have once the others
         // expire, which it readies for.
         let mut renewing = 0usize;
+        // Their identities, this replica's among them.
+        let mut renewing_ids = vec![self.identity.clone()];
         // When the first member Lease of another expires by our clock.
         let mut member_expiry: Option<Instant> = None;
         let mut member_seen = false;
@@ -304,7 +278,7 @@ impl Campaign {
             // standby of one leader may be taking it. One from before `confirm_take` looks
             // for shards only before its take, so this replica waits until a standby would
             // have taken it. (Seen first as it is now, it was not seen to change.)
-            let first = !self.seen.contains_key(&lease.name_any());
+            let first = !self.seen.contains(&lease.name_any());
             if self.live(lease, now) {
                 barrier = Some(format!(
                     "{} holds the Lease {} (one leader, no shards)",
@@ -337,6 +311,11 @@ impl Campaign {
                             || at.is_some_and(|at| now.duration_since(at) < WARM_AFTER)
                         {
                             renewing += 1;
+                            if let Some(holder) = holder_of(&lease)
+                                && lease.name_any() != self.member
+                            {
+                                renewing_ids.push(holder.to_owned());
+                            }
                         }
                         if lease.name_any() != self.member
                             && let Some(at) = at
@@ -432,6 +411,17 @@ impl Campaign {
                 // shards' pipelines start now, and a round comes when the first Lease (a
                 // shard's, or a member's that widens the share) expires.
                 let soon = fair.max(fair_soon);
+                // One replica readies the shards of those gone: of those renewing, the one
+                // holding fewest shards (then the first identity), so that one pipeline, not
+                // one per replica, lists them before the take.
+                let held_by =
+                    |id: &str| shards.values().filter(|l| holder_of(l) == Some(id)).count();
+                let first = renewing_ids
+                    .iter()
+                    .map(|id| (held_by(id), id.as_str()))
+                    .min()
+                    .map(|(_, id)| id);
+                let readies = first == Some(self.identity.as_str());
                 if self.held.len() < soon {
                     self.expiry = [self.next_expiry(&shards, now), member_expiry]
                         .into_iter()
@@ -439,7 +429,7 @@ impl Campaign {
                         .filter(|e| *e > now)
                         .min();
                 }
-                self.warm(&shards, now, soon);
+                self.warm(&shards, now, if readies { soon } else { 0 });
             }
         }
         for lease in stale_members {
@@ -453,7 +443,7 @@ impl Campaign {
             };
             if self.api.delete(&name, &params).await.is_ok() {
                 tracing::info!(lease = %name, "deleted the member Lease of a replica gone for good");
-                self.seen.remove(&name);
+                self.seen.forget(&name);
             }
         }
     }
@@ -887,7 +877,7 @@ pub(super) async fn serve(
             super::shard::fnv1a(settings.identity.as_bytes()) % u64::from(sharding.count),
         )
         .unwrap_or(0),
-        seen: BTreeMap::new(),
+        seen: Observed::default(),
         held: BTreeMap::new(),
         warming: BTreeMap::new(),
         terms: 0,
