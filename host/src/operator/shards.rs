@@ -404,9 +404,6 @@ impl Campaign {
                 self.warm(&shards, now, 0);
             }
             None => {
-                if self.held.len() < fair {
-                    self.take(attempt, now, &shards, fair).await;
-                }
                 // The share it will have once the Leases of those not renewing expire: their
                 // shards' pipelines start now, and a round comes when the first Lease (a
                 // shard's, or a member's that widens the share) expires.
@@ -422,6 +419,9 @@ impl Campaign {
                     .min()
                     .map(|(_, id)| id);
                 let readies = first == Some(self.identity.as_str());
+                if self.held.len() < fair {
+                    self.take(attempt, now, &shards, fair, readies).await;
+                }
                 if self.held.len() < soon {
                     self.expiry = [self.next_expiry(&shards, now), member_expiry]
                         .into_iter()
@@ -547,13 +547,16 @@ impl Campaign {
             .min()
     }
 
-    /// Takes free or expired shards until this replica holds `fair` of them.
+    /// Takes free or expired shards until this replica holds `fair` of them. A Lease that
+    /// expired (its holder silent) is left for a [`RETRY`] past its expiry to the replica that
+    /// `readies` the silent replicas' shards (its pipeline listed already), unless this is it.
     async fn take(
         &mut self,
         attempt: Instant,
         now: Instant,
         shards: &BTreeMap<u32, Lease>,
         fair: usize,
+        readies: bool,
     ) {
         let count = self.sharding.count;
         for step in 0..count {
@@ -583,6 +586,14 @@ impl Campaign {
                 }
                 Some(lease) => {
                     if self.live(lease, now) {
+                        continue;
+                    }
+                    let readied_elsewhere = !readies
+                        && holder_of(lease).is_some()
+                        && self.seen.get(&name).is_some_and(|(_, at)| {
+                            now.duration_since(*at) < duration_of(lease) + RETRY
+                        });
+                    if readied_elsewhere {
                         continue;
                     }
                     let transitions = lease
