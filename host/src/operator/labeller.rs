@@ -8,14 +8,16 @@
 //! shard 0, whose watch would otherwise list every resource of the cluster at the start (none
 //! labelled yet), holds little more than the holder of any other shard.
 //!
-//! The identities wait per namespace; the writers take them from the namespaces in turn, at
-//! most a quarter of them (at least one) writing in one namespace at once, so that one
-//! namespace's resources (many at once, or writes held to their floor) hold up no other's. Each
-//! label is applied to the version the watch showed: a resource changed since (or labelled by
-//! someone else meanwhile) is refused by the API server, and its new version comes through the
-//! watch. A label that could not be written waits in its namespace again, with backoff.
+//! The identities wait per namespace, each resource once (at the last version seen); the
+//! writers take them from the namespaces in turn, at most a quarter of them (from one to four)
+//! writing in one namespace at once, so that one namespace's resources (many at once, or writes
+//! held to their floor) hold up no other's. Each label is applied to the version the watch
+//! showed: a resource changed since (or labelled by someone else meanwhile) is refused by the
+//! API server, and its new version comes through the watch. A label that could not be written
+//! waits aside, with backoff, then goes first in its namespace.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::ops::Bound;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -37,35 +39,21 @@ pub(super) fn unlabelled() -> String {
     format!("!{SHARD_LABEL}")
 }
 
-/// What the labeller keeps of a resource until its label is written.
+/// What the labeller keeps of a resource until its label is written (its namespace and name
+/// are its key).
 #[derive(Debug, Clone, PartialEq)]
 struct Identity {
-    name: String,
     uid: Option<String>,
     version: Option<String>,
-    /// How many times its label failed, and when it may be tried again.
+    /// How many times its label failed.
     failed: u32,
-    not_before: Option<tokio::time::Instant>,
 }
 
 impl Identity {
-    fn of(meta: ObjectMeta) -> (String, Self) {
-        (
-            meta.namespace.unwrap_or_default(),
-            Self {
-                name: meta.name.unwrap_or_default(),
-                uid: meta.uid,
-                version: meta.resource_version,
-                failed: 0,
-                not_before: None,
-            },
-        )
-    }
-
-    fn meta(&self, namespace: &str) -> ObjectMeta {
+    fn meta(&self, namespace: &str, name: &str) -> ObjectMeta {
         ObjectMeta {
             namespace: Some(namespace.to_owned()),
-            name: Some(self.name.clone()),
+            name: Some(name.to_owned()),
             uid: self.uid.clone(),
             resource_version: self.version.clone(),
             ..ObjectMeta::default()
@@ -73,65 +61,86 @@ impl Identity {
     }
 }
 
-/// The resources waiting for their label, per namespace, and the labels being written.
+/// A resource's key: its namespace and name.
+type Key = (String, String);
+
+/// The resources waiting for their label (each once, at the last version seen), per namespace,
+/// and the labels being written.
 #[derive(Default)]
 struct Queue {
-    waiting: BTreeMap<String, VecDeque<Identity>>,
+    entries: HashMap<Key, Identity>,
+    /// Per namespace, the names to take, in order.
+    waiting: BTreeMap<String, VecDeque<String>>,
+    /// Labels that failed, by when they may be tried again (then first in their namespace).
+    later: BTreeMap<(tokio::time::Instant, u64), Key>,
+    seq: u64,
     writing: BTreeMap<String, usize>,
     /// The namespace taken from last: the next take starts after it.
     last: Option<String>,
 }
 
 impl Queue {
-    fn push(&mut self, namespace: String, identity: Identity) {
+    /// A resource seen with no label: queued, or, if it waits already (or was put off), its
+    /// version brought up to date.
+    fn push(&mut self, meta: ObjectMeta) {
+        let key = (
+            meta.namespace.unwrap_or_default(),
+            meta.name.unwrap_or_default(),
+        );
+        if let Some(waiting) = self.entries.get_mut(&key) {
+            waiting.uid = meta.uid;
+            waiting.version = meta.resource_version;
+            return;
+        }
+        let identity = Identity {
+            uid: meta.uid,
+            version: meta.resource_version,
+            failed: 0,
+        };
         self.waiting
-            .entry(namespace)
+            .entry(key.0.clone())
             .or_default()
-            .push_back(identity);
+            .push_back(key.1.clone());
+        self.entries.insert(key, identity);
     }
 
     /// The next resource to label, from the first namespace after the last one taken from
-    /// whose writes in flight are under `per_namespace` and whose first resource may be tried
-    /// `now`; it counts as writing until [`Self::done`].
-    fn take(
-        &mut self,
-        per_namespace: usize,
-        now: tokio::time::Instant,
-    ) -> Option<(String, Identity)> {
-        let after = self.last.clone().unwrap_or_default();
-        let order = self
-            .waiting
-            .range::<String, _>((
-                std::ops::Bound::Excluded(&after),
-                std::ops::Bound::Unbounded,
-            ))
-            .chain(self.waiting.range::<String, _>(..=&after))
-            .map(|(ns, _)| ns.clone())
-            .collect::<Vec<_>>();
-        for namespace in order {
-            let busy = self.writing.get(&namespace).copied().unwrap_or(0) >= per_namespace;
-            let Some(queue) = self.waiting.get_mut(&namespace) else {
-                continue;
-            };
-            let ready = queue
-                .front()
-                .is_some_and(|i| i.not_before.is_none_or(|t| t <= now));
-            if busy || !ready {
-                continue;
+    /// whose writes in flight are under `per_namespace`; labels put off until `now` or earlier
+    /// come first in their namespace. It counts as writing until [`Self::done`].
+    fn take(&mut self, per_namespace: usize, now: tokio::time::Instant) -> Option<(Key, Identity)> {
+        while let Some(entry) = self.later.first_entry() {
+            if entry.key().0 > now {
+                break;
             }
-            let Some(identity) = queue.pop_front() else {
-                continue;
-            };
+            let (namespace, name) = entry.remove();
+            self.waiting.entry(namespace).or_default().push_front(name);
+        }
+        loop {
+            let after = self.last.clone().unwrap_or_default();
+            let writing = &self.writing;
+            let namespace = self
+                .waiting
+                .range::<String, _>((Bound::Excluded(&after), Bound::Unbounded))
+                .chain(self.waiting.range::<String, _>(..=&after))
+                .find(|(ns, _)| writing.get(*ns).copied().unwrap_or(0) < per_namespace)
+                .map(|(ns, _)| ns.clone())?;
+            let queue = self.waiting.get_mut(&namespace)?;
+            let name = queue.pop_front();
             if queue.is_empty() {
                 self.waiting.remove(&namespace);
             }
-            *self.writing.entry(namespace.clone()).or_default() += 1;
             self.last = Some(namespace.clone());
-            return Some((namespace, identity));
+            let Some(name) = name else { continue };
+            let key = (namespace, name);
+            let Some(identity) = self.entries.remove(&key) else {
+                continue;
+            };
+            *self.writing.entry(key.0.clone()).or_default() += 1;
+            return Some((key, identity));
         }
-        None
     }
 
+    /// The label of `key` is written, or failed.
     fn done(&mut self, namespace: &str) {
         if let Some(n) = self.writing.get_mut(namespace) {
             *n = n.saturating_sub(1);
@@ -141,12 +150,21 @@ impl Queue {
         }
     }
 
-    /// The earliest time a waiting resource put off after a failure may be tried.
+    /// The label of `key` failed: tried again at `at`, unless a newer version of it came
+    /// meanwhile (that one waits already).
+    fn put_off(&mut self, key: Key, mut identity: Identity, at: tokio::time::Instant) {
+        if self.entries.contains_key(&key) {
+            return;
+        }
+        identity.failed += 1;
+        self.seq += 1;
+        self.later.insert((at, self.seq), key.clone());
+        self.entries.insert(key, identity);
+    }
+
+    /// When the first label put off may be tried again.
     fn next_try(&self) -> Option<tokio::time::Instant> {
-        self.waiting
-            .values()
-            .filter_map(|q| q.front().and_then(|i| i.not_before))
-            .min()
+        self.later.first_key_value().map(|((at, _), _)| *at)
     }
 }
 
@@ -181,8 +199,7 @@ pub(super) async fn run<S, F>(
             .for_each(move |found| {
                 match found {
                     Ok(resource) => {
-                        let (namespace, identity) = Identity::of(resource.metadata);
-                        lock(&queue).push(namespace, identity);
+                        lock(&queue).push(resource.metadata);
                         more.notify_one();
                     }
                     Err(e) => {
@@ -198,7 +215,7 @@ pub(super) async fn run<S, F>(
             loop {
                 let now = tokio::time::Instant::now();
                 let next = lock(&queue).take(per_namespace, now);
-                let Some((namespace, mut identity)) = next else {
+                let Some((key, identity)) = next else {
                     // Nothing to take now: wait for more, or for the first put off to be due.
                     let due = lock(&queue).next_try();
                     match due {
@@ -212,11 +229,12 @@ pub(super) async fn run<S, F>(
                     }
                     continue;
                 };
-                let target = shard.sharding.of(&namespace, &identity.name);
+                let (namespace, name) = (&key.0, &key.1);
+                let target = shard.sharding.of(namespace, name);
                 let result =
-                    reconcile::move_to_shard(&identity.meta(&namespace), &ctx, target).await;
+                    reconcile::move_to_shard(&identity.meta(namespace, name), &ctx, target).await;
                 let mut q = lock(&queue);
-                q.done(&namespace);
+                q.done(namespace);
                 match result {
                     Ok(()) => {}
                     // Gone, or changed since (the watch brings it again if still unlabelled).
@@ -225,11 +243,9 @@ pub(super) async fn run<S, F>(
                         let wait = RETRY_FIRST
                             .saturating_mul(1 << identity.failed.min(6))
                             .min(RETRY_MAX);
-                        tracing::warn!(controller = %ctx.controller, resource = %format!("{namespace}/{}", identity.name), shard = target,
+                        tracing::warn!(controller = %ctx.controller, resource = %format!("{namespace}/{name}"), shard = target,
                             "could not label the resource with its shard (tried again in {wait:?}): {e}");
-                        identity.failed += 1;
-                        identity.not_before = Some(tokio::time::Instant::now() + wait);
-                        q.push(namespace, identity);
+                        q.put_off(key.clone(), identity, tokio::time::Instant::now() + wait);
                     }
                 }
                 drop(q);
@@ -249,29 +265,36 @@ pub(super) async fn run<S, F>(
 mod tests {
     use super::*;
 
-    fn identity(name: &str) -> Identity {
-        Identity::of(ObjectMeta {
-            namespace: Some("ns".into()),
+    fn meta(namespace: &str, name: &str, version: &str) -> ObjectMeta {
+        ObjectMeta {
+            namespace: Some(namespace.into()),
             name: Some(name.into()),
             uid: Some(format!("uid-{name}")),
-            resource_version: Some("7".into()),
+            resource_version: Some(version.into()),
             labels: Some([("app".to_owned(), "web".to_owned())].into()),
             ..ObjectMeta::default()
-        })
-        .1
+        }
+    }
+
+    fn names(q: &mut Queue, per_namespace: usize, now: tokio::time::Instant) -> Vec<String> {
+        std::iter::from_fn(|| q.take(per_namespace, now))
+            .map(|((ns, name), _)| format!("{ns}/{name}"))
+            .collect()
     }
 
     #[test]
     fn a_label_is_applied_to_the_identity_and_version_seen_alone() {
-        let kept = identity("web");
-        let meta = kept.meta("team-a");
-        assert_eq!(meta.resource_version.as_deref(), Some("7"));
-        assert_eq!(meta.uid.as_deref(), Some("uid-web"));
+        let mut q = Queue::default();
+        q.push(meta("team-a", "web", "7"));
+        let ((ns, name), identity) = q.take(4, tokio::time::Instant::now()).unwrap();
+        let applied = identity.meta(&ns, &name);
+        assert_eq!(applied.resource_version.as_deref(), Some("7"));
+        assert_eq!(applied.uid.as_deref(), Some("uid-web"));
         assert_eq!(
-            (meta.namespace.as_deref(), meta.name.as_deref()),
+            (applied.namespace.as_deref(), applied.name.as_deref()),
             (Some("team-a"), Some("web"))
         );
-        assert!(meta.labels.is_none());
+        assert!(applied.labels.is_none());
         assert_eq!(unlabelled(), "!wasm-operator.dev/shard");
     }
 
@@ -280,30 +303,55 @@ mod tests {
         let now = tokio::time::Instant::now();
         let mut q = Queue::default();
         for i in 0..5 {
-            q.push("flood".into(), identity(&format!("f{i}")));
+            q.push(meta("flood", &format!("f{i}"), "1"));
         }
-        q.push("quiet".into(), identity("q0"));
-        q.push("quiet".into(), identity("q1"));
-        let mut taken = Vec::new();
-        while let Some((ns, i)) = q.take(2, now) {
-            taken.push(format!("{ns}/{}", i.name));
-        }
+        q.push(meta("quiet", "q0", "1"));
+        q.push(meta("quiet", "q1", "1"));
         // In turns, and two at most writing per namespace: the flood waits for its writes.
-        assert_eq!(taken, ["flood/f0", "quiet/q0", "flood/f1", "quiet/q1"]);
+        assert_eq!(
+            names(&mut q, 2, now),
+            ["flood/f0", "quiet/q0", "flood/f1", "quiet/q1"]
+        );
         q.done("flood");
-        assert_eq!(q.take(2, now).map(|(_, i)| i.name), Some("f2".to_owned()));
-        assert!(q.take(2, now).is_none(), "the flood is at its share again");
+        assert_eq!(names(&mut q, 2, now), ["flood/f2"]);
     }
 
     #[test]
-    fn a_label_that_failed_waits_for_its_time() {
+    fn a_resource_waits_once_at_its_last_version() {
         let now = tokio::time::Instant::now();
         let mut q = Queue::default();
-        let mut late = identity("late");
-        late.not_before = Some(now + Duration::from_secs(5));
-        q.push("ns".into(), late);
-        assert!(q.take(4, now).is_none());
-        assert_eq!(q.next_try(), Some(now + Duration::from_secs(5)));
-        assert!(q.take(4, now + Duration::from_secs(5)).is_some());
+        q.push(meta("ns", "web", "1"));
+        q.push(meta("ns", "web", "2"));
+        q.push(meta("ns", "web", "3"));
+        let (_, identity) = q.take(4, now).unwrap();
+        assert_eq!(identity.version.as_deref(), Some("3"));
+        assert!(q.take(4, now).is_none(), "queued once");
+    }
+
+    #[test]
+    fn a_label_that_failed_waits_for_its_time_without_holding_its_namespace() {
+        let now = tokio::time::Instant::now();
+        let mut q = Queue::default();
+        q.push(meta("ns", "bad", "1"));
+        q.push(meta("ns", "good", "1"));
+        let (key, identity) = q.take(4, now).unwrap();
+        q.done("ns");
+        let at = now + Duration::from_secs(5);
+        q.put_off(key, identity, at);
+        // The other is not held up by the one put off.
+        assert_eq!(names(&mut q, 4, now), ["ns/good"]);
+        q.done("ns");
+        assert_eq!(q.next_try(), Some(at));
+        assert_eq!(names(&mut q, 4, at), ["ns/bad"]);
+        // Seen again (a newer version) while it was put off: once, at that version.
+        let mut q = Queue::default();
+        q.push(meta("ns", "bad", "1"));
+        let (key, identity) = q.take(4, now).unwrap();
+        q.done("ns");
+        q.put_off(key, identity, at);
+        q.push(meta("ns", "bad", "2"));
+        let taken: Vec<_> = std::iter::from_fn(|| q.take(4, at)).collect();
+        assert_eq!(taken.len(), 1);
+        assert_eq!(taken[0].1.version.as_deref(), Some("2"));
     }
 }

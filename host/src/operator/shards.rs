@@ -419,8 +419,10 @@ impl Campaign {
                     .min()
                     .map(|(_, id)| id);
                 let readies = first == Some(self.identity.as_str());
+                // Expired Leases are left to it while it has room for them.
+                let defer = !readies && first.is_some_and(|id| held_by(id) < soon);
                 if self.held.len() < fair {
-                    self.take(attempt, now, &shards, fair, readies).await;
+                    self.take(attempt, now, &shards, fair, defer).await;
                 }
                 if self.held.len() < soon {
                     self.expiry = [self.next_expiry(&shards, now), member_expiry]
@@ -547,16 +549,16 @@ impl Campaign {
             .min()
     }
 
-    /// Takes free or expired shards until this replica holds `fair` of them. A Lease that
-    /// expired (its holder silent) is left for a [`RETRY`] past its expiry to the replica that
-    /// `readies` the silent replicas' shards (its pipeline listed already), unless this is it.
+    /// Takes free or expired shards until this replica holds `fair` of them. With `defer`, a
+    /// Lease that expired (its holder silent) is left for a [`RETRY`] past its expiry to the
+    /// replica that readies the silent replicas' shards (its pipeline listed already).
     async fn take(
         &mut self,
         attempt: Instant,
         now: Instant,
         shards: &BTreeMap<u32, Lease>,
         fair: usize,
-        readies: bool,
+        defer: bool,
     ) {
         let count = self.sharding.count;
         for step in 0..count {
@@ -588,7 +590,7 @@ impl Campaign {
                     if self.live(lease, now) {
                         continue;
                     }
-                    let readied_elsewhere = !readies
+                    let readied_elsewhere = defer
                         && holder_of(lease).is_some()
                         && self.seen.get(&name).is_some_and(|(_, at)| {
                             now.duration_since(*at) < duration_of(lease) + RETRY
