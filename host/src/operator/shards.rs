@@ -262,10 +262,8 @@ impl Campaign {
         };
         let now = Instant::now();
         let mut members = 0usize;
-        // Those renewed within [`WARM_AFTER`]: the share this replica will have once the others
-        // expire, which it readies for.
-        let mut renewing = 0usize;
-        // Their identities, this replica's among them.
+        // The members renewed within [`WARM_AFTER`], this replica among them: the share it will
+        // have once the others expire is what it readies for.
         let mut renewing_ids = vec![self.identity.clone()];
         // When the first member Lease of another expires by our clock.
         let mut member_expiry: Option<Instant> = None;
@@ -307,15 +305,11 @@ impl Campaign {
                     if live && same {
                         members += 1;
                         let at = self.seen.get(&lease.name_any()).map(|(_, at)| *at);
-                        if lease.name_any() == self.member
-                            || at.is_some_and(|at| now.duration_since(at) < WARM_AFTER)
+                        if lease.name_any() != self.member
+                            && at.is_some_and(|at| now.duration_since(at) < WARM_AFTER)
+                            && let Some(holder) = holder_of(&lease)
                         {
-                            renewing += 1;
-                            if let Some(holder) = holder_of(&lease)
-                                && lease.name_any() != self.member
-                            {
-                                renewing_ids.push(holder.to_owned());
-                            }
+                            renewing_ids.push(holder.to_owned());
                         }
                         if lease.name_any() != self.member
                             && let Some(at) = at
@@ -370,13 +364,10 @@ impl Campaign {
             .count
             .div_ceil(u32::try_from(members).unwrap_or(u32::MAX));
         let fair = usize::try_from(fair).unwrap_or(usize::MAX);
-        if !member_seen {
-            renewing += 1;
-        }
         let fair_soon = self
             .sharding
             .count
-            .div_ceil(u32::try_from(renewing.max(1)).unwrap_or(u32::MAX));
+            .div_ceil(u32::try_from(renewing_ids.len()).unwrap_or(u32::MAX));
         let fair_soon = usize::try_from(fair_soon).unwrap_or(usize::MAX);
         // More than its share: one shard at a time is given back.
         let yielding = self.held.values().any(|h| *h.role.borrow() == Role::Yield);
