@@ -105,12 +105,9 @@ pub(super) enum Ctl {
     Quit,
 }
 
+/// A shard held: its pipeline, and its Lease's renewals.
 struct Held {
-    term: u64,
-    fence: Arc<Fence>,
-    role: watch::Sender<Role>,
-    /// Tells the pipeline its take is confirmed.
-    serving: watch::Sender<bool>,
+    pipeline: Pipeline,
     /// When the last renewal that succeeded was asked for.
     renewed: Instant,
     /// Whether the round after it was taken confirmed that no replica of another shard count
@@ -120,11 +117,14 @@ struct Held {
     confirmed: bool,
 }
 
-/// A shard whose pipeline runs before its Lease is taken ([`WARM_AFTER`]).
-struct Warming {
+/// A shard's pipeline, as the campaign steers it: started at the take, or before it for a
+/// Lease about to expire ([`WARM_AFTER`]).
+struct Pipeline {
+    /// Tells this pipeline from an earlier one of the same shard.
     term: u64,
     fence: Arc<Fence>,
     role: watch::Sender<Role>,
+    /// Tells the pipeline its take is confirmed.
     serving: watch::Sender<bool>,
 }
 
@@ -140,7 +140,7 @@ struct Campaign {
     seen: Observed,
     held: BTreeMap<u32, Held>,
     /// Shards about to expire whose pipeline runs already, unserved.
-    warming: BTreeMap<u32, Warming>,
+    warming: BTreeMap<u32, Pipeline>,
     terms: u64,
     /// Rounds that listed the Leases.
     rounds: u64,
@@ -370,14 +370,17 @@ impl Campaign {
             .div_ceil(u32::try_from(renewing_ids.len()).unwrap_or(u32::MAX));
         let fair_soon = usize::try_from(fair_soon).unwrap_or(usize::MAX);
         // More than its share: one shard at a time is given back.
-        let yielding = self.held.values().any(|h| *h.role.borrow() == Role::Yield);
+        let yielding = self
+            .held
+            .values()
+            .any(|h| *h.pipeline.role.borrow() == Role::Yield);
         if self.held.len() > fair
             && !yielding
             && let Some((index, held)) = self.held.iter().rev().find(|(_, h)| h.confirmed)
         {
             tracing::info!(identity = %self.identity, shard = index, replicas = members,
                 "holding more than a fair share ({fair}): giving shard {index} back once its reconciliations end");
-            held.role.send_replace(Role::Yield);
+            held.pipeline.role.send_replace(Role::Yield);
         }
         // Not in the first round: replicas that start together (a rollout, a scale-up) see each
         // other's member Lease first, so that none takes every shard only to give most back.
@@ -500,7 +503,7 @@ impl Campaign {
                         Some(held) => {
                             held.renewed = attempt;
                             if held.confirmed {
-                                held.fence.extend(attempt + RENEW_DEADLINE);
+                                held.pipeline.fence.extend(attempt + RENEW_DEADLINE);
                             }
                             !held.confirmed
                         }
@@ -620,19 +623,11 @@ impl Campaign {
     fn won(&mut self, index: u32, attempt: Instant) {
         let warm = self.warming.remove(&index);
         let started = warm.is_some();
-        let Warming {
-            term,
-            fence,
-            role,
-            serving,
-        } = warm.unwrap_or_else(|| self.start_pipeline(index));
+        let pipeline = warm.unwrap_or_else(|| self.start_pipeline(index));
         self.held.insert(
             index,
             Held {
-                term,
-                fence,
-                role,
-                serving,
+                pipeline,
                 renewed: attempt,
                 confirmed: false,
             },
@@ -646,11 +641,11 @@ impl Campaign {
     }
 
     /// Starts a pipeline for shard `index`, unserved and its fence closed.
-    fn start_pipeline(&mut self, index: u32) -> Warming {
+    fn start_pipeline(&mut self, index: u32) -> Pipeline {
         self.terms += 1;
         let (role, _) = watch::channel(Role::Leading);
         let (serving, _) = watch::channel(false);
-        let started = Warming {
+        let started = Pipeline {
             term: self.terms,
             fence: Fence::closed(),
             role,
@@ -718,19 +713,19 @@ impl Campaign {
             return;
         };
         held.confirmed = true;
-        held.fence.extend(attempt + RENEW_DEADLINE);
+        held.pipeline.fence.extend(attempt + RENEW_DEADLINE);
         tracing::info!(identity = %self.identity, shard = index, "serving the shard");
         self.metrics.set_shard(index, true);
         self.metrics
             .set_leader(&shard_lease(&self.base, index), true);
-        held.serving.send_replace(true);
+        held.pipeline.serving.send_replace(true);
     }
 
     /// Stops writing for shard `index` at once and forgets it, its pipeline told why.
     fn drop_shard(&mut self, index: u32, role: Role) {
         if let Some(held) = self.held.remove(&index) {
-            held.fence.close();
-            held.role.send_replace(role);
+            held.pipeline.fence.close();
+            held.pipeline.role.send_replace(role);
             self.metrics.set_shard(index, false);
             self.metrics
                 .set_leader(&shard_lease(&self.base, index), false);
@@ -785,7 +780,7 @@ impl Campaign {
                             if self.warming.get(&index).is_some_and(|w| w.term == term) {
                                 self.warming.remove(&index);
                             }
-                            if self.held.get(&index).is_some_and(|h| h.term == term) {
+                            if self.held.get(&index).is_some_and(|h| h.pipeline.term == term) {
                                 self.drop_shard(index, Role::Yield);
                                 // A request of the pipeline may still be on its way (its
                                 // report workers are stopped, not waited for): released once
