@@ -207,7 +207,7 @@ pub fn objects(registry: &Registry, target: &Target) -> Vec<Value> {
                 "apiGroups": ["coordination.k8s.io"],
                 "resources": ["leases"],
                 "verbs": if target.sharded {
-                    json!(["get", "list", "create", "update", "patch", "delete"])
+                    json!(["get", "list", "watch", "create", "update", "patch", "delete"])
                 } else {
                     json!(["get", "list", "create", "update"])
                 },

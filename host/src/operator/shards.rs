@@ -6,7 +6,9 @@
 //!    that are alive say how many replicas there are, so that each holds its fair share,
 //!    ceil(K / replicas);
 //! 2. lists this operator's Leases (one request), and judges each expired by its own clock, as
-//!    the single leader's election does: when its record has not changed for its duration;
+//!    the single leader's election does: when its record has not changed for its duration. A
+//!    watch on the same Leases notes each change when it comes, so that a Lease expires its
+//!    duration after its holder's last renewal, not after the first round to list it;
 //! 3. renews the shards it holds, each a compare-and-swap on the resourceVersion listed. Each
 //!    shard has its own [`Fence`]: its writes stop when its renewals have failed for
 //!    [`RENEW_DEADLINE`], before its Lease can expire and another replica take it;
@@ -21,7 +23,7 @@
 //! shard count (or the single leader's) was taken meanwhile; its pipeline starts at the take, so
 //! its watches list while that round runs, and it writes nothing until it is confirmed. When a
 //! Lease this replica could take is about to expire, the next round comes at its expiry rather
-//! than up to a [`RETRY`] later.
+//! than up to a [`RETRY`] later; when one is released (its holder gave it back), at once.
 //!
 //! Which resources a shard serves is `shard`'s.
 
@@ -29,11 +31,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::WatchStreamExt;
 use tokio::sync::{mpsc, watch};
 
 use super::lease::{
@@ -101,6 +105,8 @@ pub(super) struct Won {
 pub(super) enum Ctl {
     /// The pipeline of this holding of a shard has ended: release its Lease if still held.
     Stopped { index: u32, term: u64 },
+    /// One of this operator's Leases as the watch on them saw it change, when it did.
+    Seen(Box<Lease>),
     /// The operator stops: release everything.
     Quit,
 }
@@ -149,6 +155,9 @@ struct Campaign {
     /// When the first Lease of another replica's that this replica could take expires by our
     /// clock: a round is held then, not up to a [`RETRY`] later.
     expiry: Option<Instant>,
+    /// This replica's fair share at the last round: a shard's Lease released while it holds
+    /// fewer brings a round at once.
+    fair: usize,
     won: mpsc::UnboundedSender<Won>,
     metrics: Arc<Metrics>,
     /// Turns true when the operator stops: no shard is taken from then on.
@@ -364,6 +373,7 @@ impl Campaign {
             .count
             .div_ceil(u32::try_from(members).unwrap_or(u32::MAX));
         let fair = usize::try_from(fair).unwrap_or(usize::MAX);
+        self.fair = fair;
         let fair_soon = self
             .sharding
             .count
@@ -747,6 +757,24 @@ impl Campaign {
         }
     }
 
+    /// Notes `lease` as the watch saw it change, now: a renewal counts from when it was made,
+    /// not from the next round's list (up to a [`RETRY`] later), so that a Lease expires by our
+    /// clock its duration after its holder's last renewal. Whether a round should come at once:
+    /// a shard's Lease was released while this replica holds less than its share.
+    fn see(&mut self, lease: &Lease) -> bool {
+        let (holder, _) = self.seen.see(lease, Instant::now());
+        let index = lease
+            .name_any()
+            .strip_prefix(&format!("{}-shard-", self.base))
+            .and_then(super::shard::label_value)
+            .filter(|i| *i < self.sharding.count);
+        holder.is_none()
+            && index.is_some_and(|i| !self.held.contains_key(&i))
+            && lease.labels().get(ROLE_LABEL).map(String::as_str) == Some("shard")
+            && self.held.len() < self.fair
+            && !*self.stop.borrow()
+    }
+
     async fn run(mut self, mut ctl: mpsc::UnboundedReceiver<Ctl>) {
         loop {
             let attempt = Instant::now();
@@ -774,6 +802,11 @@ impl Campaign {
                 tokio::select! {
                     _ = tokio::time::sleep_until(next.into()) => break,
                     msg = ctl.recv() => match msg {
+                        Some(Ctl::Seen(lease)) => {
+                            if self.see(&lease) {
+                                break;
+                            }
+                        }
                         Some(Ctl::Stopped { index, term }) => {
                             // A pipeline started early that ended by itself: a take starts
                             // another.
@@ -836,6 +869,38 @@ async fn release(api: &Api<Lease>, name: &str, identity: &str) {
     }
 }
 
+/// Tells the campaign of each change to this operator's Leases (those labelled with `selector`)
+/// as the API server sends it. The rounds' lists go on regardless: should the watch fail (a Role
+/// from before it, without `watch`), renewals are seen as they were, up to a [`RETRY`] late.
+async fn watch_leases(api: Api<Lease>, selector: String, ctl: mpsc::UnboundedSender<Ctl>) {
+    let mut failing = false;
+    let mut changes = std::pin::pin!(
+        kube::runtime::watcher(
+            api,
+            kube::runtime::watcher::Config::default().labels(&selector)
+        )
+        .default_backoff()
+        .applied_objects()
+    );
+    while let Some(change) = changes.next().await {
+        match change {
+            Ok(lease) => {
+                failing = false;
+                if ctl.send(Ctl::Seen(Box::new(lease))).is_err() {
+                    return;
+                }
+            }
+            Err(e) if !failing => {
+                failing = true;
+                tracing::warn!(
+                    "the watch of the shards' Leases failed (renewals are seen at each round's list until it is back): {e}"
+                );
+            }
+            Err(_) => {}
+        }
+    }
+}
+
 /// Runs the operator as one of the replicas sharing `sharding`'s shards, until `stop` turns
 /// true: each shard taken gets a pipeline of its own ([`super::run::lead`]), which ends when the
 /// shard is lost or given back.
@@ -867,7 +932,7 @@ pub(super) async fn serve(
     let (won_tx, mut won) = mpsc::unbounded_channel();
     let (ctl, ctl_rx) = mpsc::unbounded_channel();
     let campaign = Campaign {
-        api,
+        api: api.clone(),
         base: settings.lease_name.clone(),
         identity: settings.identity.clone(),
         member: member_lease(&settings.lease_name, &settings.identity),
@@ -883,6 +948,7 @@ pub(super) async fn serve(
         rounds: 0,
         took: false,
         expiry: None,
+        fair: 0,
         won: won_tx,
         metrics: metrics.clone(),
         stop: stop.clone(),
@@ -890,6 +956,11 @@ pub(super) async fn serve(
     tracing::info!(identity = %settings.identity, shards = sharding.count, by = %sharding.by,
         "campaigning for a fair share of the shards");
     let campaign = tokio::spawn(campaign.run(ctl_rx));
+    let lease_watch = tokio::spawn(watch_leases(
+        api.clone(),
+        format!("{OF_LABEL}={}", settings.lease_name),
+        ctl.clone(),
+    ));
     let (ended_tx, mut ended) = mpsc::unbounded_channel::<(u32, u64, Result<(), Error>)>();
     let mut running = Vec::new();
     let mut stopping = stop.clone();
@@ -956,6 +1027,7 @@ pub(super) async fn serve(
     if let Some(standby) = standby {
         standby.stop();
     }
+    lease_watch.abort();
     let _ = ctl.send(Ctl::Quit);
     let _ = campaign.await;
     metrics.set_ready(false);

@@ -439,6 +439,12 @@ async fn a_killed_replicas_shard_is_taken_over_and_the_other_shard_never_notices
         warm.is_some() && took.is_some() && warm < took,
         "replica-b did not start A's shard's watches before taking it:\n{logs}"
     );
+    // It saw A's renewals as they were made (the RBAC grants the watch on the Leases), so
+    // A's Lease expired 15 s after A's last renewal, not after the first list to show it.
+    assert!(
+        !logs.contains("the watch of the shards' Leases failed"),
+        "replica-b could not watch the Leases:\n{logs}"
+    );
 
     let writes = writes(cp, ns);
     // Each object in turn: the resource labelled by shard 0's holder, then served by its own
