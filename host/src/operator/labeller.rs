@@ -4,9 +4,12 @@
 //!
 //! It sees those resources through a watch of their metadata alone (metadata-only list and
 //! watch requests), selected by the label's absence, and keeps of each only its identity (name,
-//! uid, the version seen) until its label is written: no store of objects. So the holder of
-//! shard 0, whose watch would otherwise list every resource of the cluster at the start (none
-//! labelled yet), holds little more than the holder of any other shard.
+//! uid, the version seen) until its label is written: no store of objects, and at most
+//! [`WAITING_MAX`] per namespace. Those seen beyond that are not kept: once the namespace's
+//! kept ones are taken, a writer lists its unlabelled resources again (metadata, a page at a
+//! time) for the next ones. So the holder of shard 0, whose watch would otherwise list every
+//! resource of the cluster at the start (none labelled yet), holds little more than the holder
+//! of any other shard.
 //!
 //! The identities wait per namespace, each resource once (at the last version seen); the
 //! writers take them from the namespaces in turn, at most a quarter of them (from one to four)
@@ -22,17 +25,35 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use kube::api::{Api, DynamicObject, ObjectMeta};
+use kube::api::{Api, DynamicObject, ListParams, ObjectMeta};
 use kube::core::PartialObjectMeta;
+use kube::runtime::events::EventType;
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::Notify;
 
+use super::report::QueuedEvent;
 use super::shard::SHARD_LABEL;
 use super::{KindCtx, lock, reconcile};
+
+/// The most resources of one namespace kept waiting for their label: more seen meanwhile are
+/// not kept but listed again, a page at a time, once those kept are taken. So a namespace of
+/// many thousand new resources costs a few hundred identities, not one each.
+const WAITING_MAX: usize = 256;
 
 /// The first wait before a label is tried again; doubled each time, up to [`RETRY_MAX`].
 const RETRY_FIRST: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(60);
+
+/// The reason of the Warning event on a resource whose shard label the API server refused.
+pub(crate) const REFUSED_REASON: &str = "ShardLabelRefused";
+
+/// What that event says: the resource waits, served by no replica, until its label is written.
+fn refused_note(target: u32, e: &kube::Error) -> String {
+    let note = format!(
+        "the operator could not label this resource with its shard ({SHARD_LABEL}={target}), so no replica serves it yet; it tries again with backoff up to {RETRY_MAX:?}: {e}"
+    );
+    super::status::bounded_to(&note, super::status::MAX_NOTE)
+}
 
 /// The selector of the resources with no shard label.
 pub(super) fn unlabelled() -> String {
@@ -77,12 +98,28 @@ struct Queue {
     writing: BTreeMap<String, usize>,
     /// The namespace taken from last: the next take starts after it.
     last: Option<String>,
+    /// Namespaces with resources seen but not kept ([`WAITING_MAX`]): listed again once those
+    /// kept are taken.
+    overflowed: BTreeMap<String, Relist>,
+}
+
+/// Where a namespace with resources not kept stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Relist {
+    /// To be listed again once none of its kept resources waits.
+    Due,
+    /// A writer lists it.
+    Listing,
+    /// A writer lists it, and the watch brought one more that was not kept meanwhile (perhaps
+    /// newer than the list): it is listed once more after.
+    ListingMissed,
 }
 
 impl Queue {
     /// A resource seen with no label: queued, or, if it waits already (or was put off), its
-    /// version brought up to date.
-    fn push(&mut self, meta: ObjectMeta) {
+    /// version brought up to date; not kept (false) when its namespace has [`WAITING_MAX`]
+    /// waiting, which then is listed again once they are taken.
+    fn push(&mut self, meta: ObjectMeta) -> bool {
         let key = (
             meta.namespace.unwrap_or_default(),
             meta.name.unwrap_or_default(),
@@ -90,7 +127,22 @@ impl Queue {
         if let Some(waiting) = self.entries.get_mut(&key) {
             waiting.uid = meta.uid;
             waiting.version = meta.resource_version;
-            return;
+            return true;
+        }
+        if self
+            .waiting
+            .get(&key.0)
+            .is_some_and(|q| q.len() >= WAITING_MAX)
+        {
+            match self.overflowed.get_mut(&key.0) {
+                Some(relist) if *relist == Relist::Listing => *relist = Relist::ListingMissed,
+                Some(_) => {}
+                None => {
+                    tracing::info!(namespace = %key.0, "{WAITING_MAX} resources of the namespace wait for their shard label: the others are listed again as those are labelled");
+                    self.overflowed.insert(key.0, Relist::Due);
+                }
+            }
+            return false;
         }
         let identity = Identity {
             uid: meta.uid,
@@ -102,6 +154,7 @@ impl Queue {
             .or_default()
             .push_back(key.1.clone());
         self.entries.insert(key, identity);
+        true
     }
 
     /// The next resource to label, from the first namespace after the last one taken from
@@ -162,9 +215,64 @@ impl Queue {
         self.entries.insert(key, identity);
     }
 
+    /// A namespace to list again: one with resources not kept, none of its kept ones waiting,
+    /// and no writer listing it. It counts as listed until [`Self::listed`].
+    fn relist(&mut self) -> Option<String> {
+        let waiting = &self.waiting;
+        let (namespace, relist) = self
+            .overflowed
+            .iter_mut()
+            .find(|(ns, relist)| **relist == Relist::Due && !waiting.contains_key(*ns))?;
+        *relist = Relist::Listing;
+        Some(namespace.clone())
+    }
+
+    /// `namespace` was listed again: it is done unless some were `left` unkept, or the watch
+    /// brought one not kept meanwhile (then it is listed once more).
+    fn listed(&mut self, namespace: &str, left: bool) {
+        let missed = self.overflowed.get(namespace) == Some(&Relist::ListingMissed);
+        if left || missed {
+            self.overflowed.insert(namespace.to_owned(), Relist::Due);
+        } else {
+            self.overflowed.remove(namespace);
+        }
+    }
+
     /// When the first label put off may be tried again.
     fn next_try(&self) -> Option<tokio::time::Instant> {
         self.later.first_key_value().map(|((at, _), _)| *at)
+    }
+}
+
+/// Lists `namespace`'s resources with no shard label again, a page at a time, keeping them as
+/// the watch's are until [`WAITING_MAX`] wait; whether some were left for a later list.
+async fn list_again(ctx: &KindCtx, namespace: &str, queue: &Mutex<Queue>) -> bool {
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(ctx.shared.client.clone(), namespace, &*ctx.ar);
+    let mut params = ListParams::default()
+        .labels(&unlabelled())
+        .limit(u32::try_from(WAITING_MAX).unwrap_or(u32::MAX));
+    loop {
+        let page = match api.list_metadata(&params).await {
+            Ok(page) => page,
+            Err(e) => {
+                tracing::warn!(controller = %ctx.controller, %namespace,
+                    "could not list the resources with no shard label (listed again in {RETRY_FIRST:?}): {e}");
+                tokio::time::sleep(RETRY_FIRST).await;
+                return true;
+            }
+        };
+        let mut q = lock(queue);
+        let mut left = false;
+        for item in page.items {
+            left |= !q.push(item.metadata);
+        }
+        drop(q);
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(_) if left => return true,
+            Some(token) => params = params.continue_token(&token),
+            None => return left,
+        }
     }
 }
 
@@ -213,6 +321,13 @@ pub(super) async fn run<S, F>(
         let (queue, more, ctx) = (queue.clone(), more.clone(), ctx.clone());
         async move {
             loop {
+                let relist = lock(&queue).relist();
+                if let Some(namespace) = relist {
+                    let left = list_again(&ctx, &namespace, &queue).await;
+                    lock(&queue).listed(&namespace, left);
+                    more.notify_waiters();
+                    continue;
+                }
                 let now = tokio::time::Instant::now();
                 let next = lock(&queue).take(per_namespace, now);
                 let Some((key, identity)) = next else {
@@ -245,6 +360,18 @@ pub(super) async fn run<S, F>(
                             .min(RETRY_MAX);
                         tracing::warn!(controller = %ctx.controller, resource = %format!("{namespace}/{name}"), shard = target,
                             "could not label the resource with its shard (tried again in {wait:?}): {e}");
+                        // Unlabelled, it is served by no replica: its author is told why, on
+                        // the resource, at the first refusal (the retries only log).
+                        if identity.failed == 0 {
+                            ctx.shared.reports.event(QueuedEvent::new(
+                                EventType::Warning,
+                                REFUSED_REASON,
+                                refused_note(target, &e).into(),
+                                &ctx.ar,
+                                &identity.meta(namespace, name),
+                                &ctx.controller,
+                            ));
+                        }
                         q.put_off(key.clone(), identity, tokio::time::Instant::now() + wait);
                     }
                 }
@@ -314,6 +441,45 @@ mod tests {
         );
         q.done("flood");
         assert_eq!(names(&mut q, 2, now), ["flood/f2"]);
+    }
+
+    #[test]
+    fn a_namespace_keeps_so_many_waiting_and_lists_the_rest_again_once_they_are_taken() {
+        let now = tokio::time::Instant::now();
+        let mut q = Queue::default();
+        for i in 0..WAITING_MAX + 10 {
+            let kept = q.push(meta("flood", &format!("f{i}"), "1"));
+            assert_eq!(kept, i < WAITING_MAX, "f{i}");
+        }
+        // Another namespace is kept all the same.
+        assert!(q.push(meta("quiet", "q0", "1")));
+        assert_eq!(q.entries.len(), WAITING_MAX + 1);
+        // Not listed again while its kept ones wait.
+        assert_eq!(q.relist(), None);
+        assert_eq!(names(&mut q, usize::MAX, now).len(), WAITING_MAX + 1);
+        assert_eq!(q.relist().as_deref(), Some("flood"));
+        assert_eq!(q.relist(), None, "listed by one writer at a time");
+        // A list that kept them all: done.
+        q.listed("flood", false);
+        assert_eq!(q.relist(), None);
+
+        // One seen by the watch and not kept while the list ran: listed once more.
+        let mut q = Queue::default();
+        for i in 0..=WAITING_MAX {
+            q.push(meta("flood", &format!("f{i}"), "1"));
+        }
+        names(&mut q, usize::MAX, now);
+        assert_eq!(q.relist().as_deref(), Some("flood"));
+        for i in 0..=WAITING_MAX {
+            q.push(meta("flood", &format!("g{i}"), "1"));
+        }
+        q.listed("flood", false);
+        assert_eq!(q.relist(), None, "not while its kept ones wait");
+        names(&mut q, usize::MAX, now);
+        assert_eq!(q.relist().as_deref(), Some("flood"));
+        // A list that left some: listed again.
+        q.listed("flood", true);
+        assert_eq!(q.relist().as_deref(), Some("flood"));
     }
 
     #[test]

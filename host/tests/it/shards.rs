@@ -193,6 +193,53 @@ async fn sharded(prefix: &str) -> Sharded {
     }
 }
 
+/// A ValidatingAdmissionPolicy (and its binding) that refuses the shard label on the Service
+/// named `refused`.
+const REFUSE_LABEL: &str = r#"
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata:
+  name: refuse-shard-label
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+    - apiGroups: ["hanzo.ai"]
+      apiVersions: ["*"]
+      operations: ["CREATE", "UPDATE"]
+      resources: ["services"]
+  validations:
+  - expression: >-
+      object.metadata.name != 'refused' || !has(object.metadata.labels) ||
+      !('SHARD_LABEL' in object.metadata.labels)
+    message: this Service takes no shard label
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata:
+  name: refuse-shard-label
+spec:
+  policyName: refuse-shard-label
+  validationActions: [Deny]
+"#;
+
+/// How many events.k8s.io events with the reason `ShardLabelRefused` regard the Service `name`.
+fn label_refused_events(cp: &ControlPlane, ns: &str, name: &str) -> usize {
+    let out = cp.kubectl(&["get", "events.events.k8s.io", "-n", ns, "-o", "json"]);
+    let list: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    list["items"].as_array().map_or(0, |items| {
+        items
+            .iter()
+            .filter(|e| {
+                e["reason"] == "ShardLabelRefused"
+                    && e["type"] == "Warning"
+                    && e["regarding"]["kind"] == "Service"
+                    && e["regarding"]["name"] == name
+            })
+            .count()
+    })
+}
+
 /// The resources' names: fixed width, so that no name is the start of another's child's.
 fn names(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("s-{i:02}")).collect()
@@ -313,8 +360,11 @@ async fn a_killed_replicas_shard_is_taken_over_and_the_other_shard_never_notices
     let cluster = sharded("shards").await;
     let (cp, ns) = (&cluster.cp, cluster.ns.as_str());
     let _logs = cp.logs_on_failure();
+    // An admission policy that refuses the shard label on one resource, `refused`: its author is
+    // told so on the resource.
+    apply_cluster(cp, &REFUSE_LABEL.replace("SHARD_LABEL", SHARD_LABEL));
     let mut a = Replica::start(&cluster, "replica-a", 2);
-    let b = Replica::start(&cluster, "replica-b", 2);
+    let mut b = Replica::start(&cluster, "replica-b", 2);
     // Neither takes a shard in its first round, so each sees the other and takes its share.
     eventually_or(
         "each replica to hold one shard",
@@ -390,6 +440,19 @@ async fn a_killed_replicas_shard_is_taken_over_and_the_other_shard_never_notices
         let shard = if label { 0 } else { sharding.of(ns, owner) };
         assert_eq!(w.by, holder(shard), "{w:?}");
     }
+
+    // A resource whose label the API server refuses is served by no replica, and says why.
+    apply(cp, ns, &service("refused", 2));
+    eventually_or(
+        "a ShardLabelRefused event on services.hanzo.ai/refused",
+        Duration::from_secs(60),
+        || label_refused_events(cp, ns, "refused") > 0,
+        || kubectl(cp, &["get", "events", "-n", ns]).1,
+    )
+    .await;
+    let refused = get(cp, ns, "services.hanzo.ai/refused").unwrap();
+    assert_eq!(shard_label(&refused), None, "{refused}");
+    assert!(refused["status"].is_null(), "served unlabelled: {refused}");
 
     a.kill();
     let killed = Timestamp::now();
@@ -509,7 +572,49 @@ async fn a_killed_replicas_shard_is_taken_over_and_the_other_shard_never_notices
         )
         .await;
     }
-    drop(b);
+    // More new resources in one namespace than the labeller keeps waiting (256), there before
+    // a replica starts: it keeps 256, lists the rest again once those are labelled, and every
+    // one is labelled.
+    b.stop();
+    let bulk: Vec<String> = (0..300).map(|i| format!("bulk-{i:03}")).collect();
+    let yaml: Vec<String> = bulk.iter().map(|n| service(n, 1)).collect();
+    apply(cp, ns, &yaml.join("---\n"));
+    let c = Replica::start(&cluster, "replica-c", 2);
+    let unlabelled = || {
+        let out = cp.kubectl(&[
+            "get",
+            "services.hanzo.ai",
+            "-n",
+            ns,
+            "-l",
+            &format!("!{SHARD_LABEL}"),
+            "-o",
+            "name",
+        ]);
+        let out = String::from_utf8_lossy(&out.stdout).into_owned();
+        out.lines()
+            .filter(|l| l.contains("/bulk-"))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    eventually_or(
+        "each of 300 new Services to be labelled with its shard",
+        Duration::from_secs(120),
+        || unlabelled().is_empty(),
+        || format!("still unlabelled: {:?}", unlabelled()),
+    )
+    .await;
+    assert!(
+        c.logs()
+            .contains("resources of the namespace wait for their shard label"),
+        "the labeller kept every one of the 300 (nothing was listed again)"
+    );
+    for n in &bulk {
+        let svc = get(cp, ns, &format!("services.hanzo.ai/{n}")).unwrap();
+        let want = sharding.of(ns, n).to_string();
+        assert_eq!(shard_label(&svc).as_deref(), Some(want.as_str()), "{n}");
+    }
+    drop(c);
 }
 
 /// A reshard: two replicas with two shards, then a third with three starts while they run. It

@@ -182,12 +182,14 @@ pub(super) async fn move_to_shard(
         },
     });
     let params = PatchParams::apply(SHARD_FIELD_MANAGER).force();
+    // Answered with the object's metadata alone: a whole object read back per label (every
+    // resource, after a single leader or a reshard) is nothing this needs.
     ctx.shared
         .write(
             "apply",
             &namespace,
             &ctx.ar,
-            api.patch(&name, &params, &Patch::Apply(&body)),
+            api.patch_metadata(&name, &params, &Patch::Apply(&body)),
         )
         .await?;
     tracing::info!(controller = %ctx.controller, resource = %format!("{namespace}/{name}"), shard = target, "labelled with its shard");
