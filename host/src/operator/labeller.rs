@@ -5,19 +5,22 @@
 //! It sees those resources through a watch of their metadata alone (metadata-only list and
 //! watch requests), selected by the label's absence, and keeps of each only its identity (name,
 //! uid, the version seen) until its label is written: no store of objects, and at most
-//! [`WAITING_MAX`] per namespace. Those seen beyond that are not kept: once the namespace's
-//! kept ones are taken, a writer lists its unlabelled resources again (metadata, a page at a
-//! time) for the next ones. So the holder of shard 0, whose watch would otherwise list every
-//! resource of the cluster at the start (none labelled yet), holds little more than the holder
-//! of any other shard.
+//! [`WAITING_MAX`] per namespace (waiting, put off or being written). Those seen beyond that
+//! are not kept: once none of the namespace's kept ones waits to be taken, a writer lists its
+//! unlabelled resources again (metadata, a page at a time) for the next ones. So the holder of
+//! shard 0, whose watch would otherwise list every resource of the cluster at the start (none
+//! labelled yet), holds little more than the holder of any other shard. A namespace whose new
+//! resources keep coming as fast as they are labelled lists the ones not kept once they slow.
 //!
 //! The identities wait per namespace, each resource once (at the last version seen); the
 //! writers take them from the namespaces in turn, at most a quarter of them (from one to four)
 //! writing in one namespace at once, so that one namespace's resources (many at once, or writes
 //! held to their floor) hold up no other's. Each label is applied to the version the watch
 //! showed: a resource changed since (or labelled by someone else meanwhile) is refused by the
-//! API server, and its new version comes through the watch. A label that could not be written
-//! waits aside, with backoff, then goes first in its namespace.
+//! API server, and its new version comes through the watch (one that comes while the label is
+//! written is labelled after). A label that could not be written waits aside, with backoff,
+//! then goes first in its namespace; one the API server refuses (an admission policy, say)
+//! puts a Warning event on its resource the first time.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Bound;
@@ -95,7 +98,13 @@ struct Queue {
     /// Labels that failed, by when they may be tried again (then first in their namespace).
     later: BTreeMap<(tokio::time::Instant, u64), Key>,
     seq: u64,
+    /// The labels being written, each with a version of its resource seen meanwhile (the watch,
+    /// or a list): what is done with it depends on how the write ends ([`Self::done`]).
+    in_flight: HashMap<Key, Option<Identity>>,
+    /// Per namespace, its labels being written.
     writing: BTreeMap<String, usize>,
+    /// Per namespace, its resources kept: waiting, put off or being written.
+    kept: HashMap<String, usize>,
     /// The namespace taken from last: the next take starts after it.
     last: Option<String>,
     /// Namespaces with resources seen but not kept ([`WAITING_MAX`]): listed again once those
@@ -106,8 +115,9 @@ struct Queue {
 /// Where a namespace with resources not kept stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Relist {
-    /// To be listed again once none of its kept resources waits.
-    Due,
+    /// To be listed again from then on, once none of its kept resources waits to be taken and
+    /// at most half of [`WAITING_MAX`] are kept.
+    Due(tokio::time::Instant),
     /// A writer lists it.
     Listing,
     /// A writer lists it, and the watch brought one more that was not kept meanwhile (perhaps
@@ -115,46 +125,66 @@ enum Relist {
     ListingMissed,
 }
 
+/// How a list of a namespace ended ([`list_again`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Listed {
+    /// Every unlabelled resource listed is kept.
+    All,
+    /// Some were left: listed again once those kept are taken.
+    Left,
+    /// The list failed: listed again after [`RELIST_RETRY`].
+    Failed,
+}
+
+/// How long after a failed list a namespace is listed again.
+const RELIST_RETRY: Duration = Duration::from_secs(5);
+
 impl Queue {
-    /// A resource seen with no label: queued, or, if it waits already (or was put off), its
-    /// version brought up to date; not kept (false) when its namespace has [`WAITING_MAX`]
-    /// waiting, which then is listed again once they are taken.
-    fn push(&mut self, meta: ObjectMeta) -> bool {
+    /// A resource seen with no label: queued, or, if it waits already (or was put off, or its
+    /// label is being written), its version noted; not kept (false) when its namespace keeps
+    /// [`WAITING_MAX`] already, which then is listed again once they are taken.
+    fn push(&mut self, meta: ObjectMeta, now: tokio::time::Instant) -> bool {
         let key = (
             meta.namespace.unwrap_or_default(),
             meta.name.unwrap_or_default(),
         );
-        if let Some(waiting) = self.entries.get_mut(&key) {
-            waiting.uid = meta.uid;
-            waiting.version = meta.resource_version;
-            return true;
-        }
-        if self
-            .waiting
-            .get(&key.0)
-            .is_some_and(|q| q.len() >= WAITING_MAX)
-        {
-            match self.overflowed.get_mut(&key.0) {
-                Some(relist) if *relist == Relist::Listing => *relist = Relist::ListingMissed,
-                Some(_) => {}
-                None => {
-                    tracing::info!(namespace = %key.0, "{WAITING_MAX} resources of the namespace wait for their shard label: the others are listed again as those are labelled");
-                    self.overflowed.insert(key.0, Relist::Due);
-                }
-            }
-            return false;
-        }
         let identity = Identity {
             uid: meta.uid,
             version: meta.resource_version,
             failed: 0,
         };
+        if let Some(waiting) = self.entries.get_mut(&key) {
+            waiting.uid = identity.uid;
+            waiting.version = identity.version;
+            return true;
+        }
+        if let Some(newer) = self.in_flight.get_mut(&key) {
+            *newer = Some(identity);
+            return true;
+        }
+        if self.kept.get(&key.0).copied().unwrap_or(0) >= WAITING_MAX {
+            match self.overflowed.get_mut(&key.0) {
+                Some(relist) if *relist == Relist::Listing => *relist = Relist::ListingMissed,
+                Some(_) => {}
+                None => {
+                    tracing::info!(namespace = %key.0, "{WAITING_MAX} resources of the namespace wait for their shard label: the others are listed again as those are labelled");
+                    self.overflowed.insert(key.0, Relist::Due(now));
+                }
+            }
+            return false;
+        }
+        *self.kept.entry(key.0.clone()).or_default() += 1;
+        self.queue(key, identity);
+        true
+    }
+
+    /// Waits `identity` (kept already) at the back of its namespace.
+    fn queue(&mut self, key: Key, identity: Identity) {
         self.waiting
             .entry(key.0.clone())
             .or_default()
             .push_back(key.1.clone());
         self.entries.insert(key, identity);
-        true
     }
 
     /// The next resource to label, from the first namespace after the last one taken from
@@ -189,89 +219,134 @@ impl Queue {
                 continue;
             };
             *self.writing.entry(key.0.clone()).or_default() += 1;
+            self.in_flight.insert(key.clone(), None);
             return Some((key, identity));
         }
     }
 
-    /// The label of `key` is written, or failed.
-    fn done(&mut self, namespace: &str) {
-        if let Some(n) = self.writing.get_mut(namespace) {
+    /// The label of `key`, taken as `written`, is written (`failed` false: applied, or refused
+    /// as the resource is gone or changed since), or failed (`failed` true: tried again at
+    /// `retry`, counted a failure more). A version of it seen meanwhile that differs from the
+    /// one written is queued (a write that failed is tried again with it); the same version
+    /// seen again (a list that ran while it was written) is not.
+    fn done(&mut self, key: Key, written: Identity, failed: bool, retry: tokio::time::Instant) {
+        if let Some(n) = self.writing.get_mut(&key.0) {
             *n = n.saturating_sub(1);
             if *n == 0 {
-                self.writing.remove(namespace);
+                self.writing.remove(&key.0);
+            }
+        }
+        let newer = self
+            .in_flight
+            .remove(&key)
+            .flatten()
+            .filter(|n| n.uid != written.uid || n.version != written.version);
+        match (failed, newer) {
+            (false, None) => self.forget(&key.0),
+            (false, Some(newer)) => self.queue(key, newer),
+            (true, newer) => {
+                let mut again = newer.unwrap_or(written.clone());
+                again.failed = written.failed + 1;
+                self.seq += 1;
+                self.later.insert((retry, self.seq), key.clone());
+                self.entries.insert(key, again);
             }
         }
     }
 
-    /// The label of `key` failed: tried again at `at`, unless a newer version of it came
-    /// meanwhile (that one waits already).
-    fn put_off(&mut self, key: Key, mut identity: Identity, at: tokio::time::Instant) {
-        if self.entries.contains_key(&key) {
-            return;
+    /// One resource of `namespace` is kept no more.
+    fn forget(&mut self, namespace: &str) {
+        if let Some(n) = self.kept.get_mut(namespace) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.kept.remove(namespace);
+            }
         }
-        identity.failed += 1;
-        self.seq += 1;
-        self.later.insert((at, self.seq), key.clone());
-        self.entries.insert(key, identity);
     }
 
-    /// A namespace to list again: one with resources not kept, none of its kept ones waiting,
-    /// and no writer listing it. It counts as listed until [`Self::listed`].
-    fn relist(&mut self) -> Option<String> {
-        let waiting = &self.waiting;
-        let (namespace, relist) = self
-            .overflowed
-            .iter_mut()
-            .find(|(ns, relist)| **relist == Relist::Due && !waiting.contains_key(*ns))?;
+    /// A namespace to list again: one with resources not kept, due by `now`, none of its kept
+    /// ones waiting to be taken, at most half of [`WAITING_MAX`] kept, and no writer listing
+    /// it. It counts as listed until [`Self::listed`].
+    fn relist(&mut self, now: tokio::time::Instant) -> Option<String> {
+        let (waiting, kept) = (&self.waiting, &self.kept);
+        let (namespace, relist) = self.overflowed.iter_mut().find(|(ns, relist)| {
+            matches!(relist, Relist::Due(at) if *at <= now)
+                && !waiting.contains_key(*ns)
+                && kept.get(*ns).copied().unwrap_or(0) <= WAITING_MAX / 2
+        })?;
         *relist = Relist::Listing;
         Some(namespace.clone())
     }
 
-    /// `namespace` was listed again: it is done unless some were `left` unkept, or the watch
-    /// brought one not kept meanwhile (then it is listed once more).
-    fn listed(&mut self, namespace: &str, left: bool) {
+    /// `namespace` was listed again, as `listed` says: done when every one listed was kept and
+    /// the watch brought none that was not meanwhile; else listed once more (after
+    /// [`RELIST_RETRY`] when the list failed).
+    fn listed(&mut self, namespace: &str, listed: Listed, now: tokio::time::Instant) {
         let missed = self.overflowed.get(namespace) == Some(&Relist::ListingMissed);
-        if left || missed {
-            self.overflowed.insert(namespace.to_owned(), Relist::Due);
-        } else {
-            self.overflowed.remove(namespace);
-        }
+        let again = match listed {
+            Listed::Failed => Some(now + RELIST_RETRY),
+            Listed::Left => Some(now),
+            Listed::All if missed => Some(now),
+            Listed::All => None,
+        };
+        match again {
+            Some(at) => self
+                .overflowed
+                .insert(namespace.to_owned(), Relist::Due(at)),
+            None => self.overflowed.remove(namespace),
+        };
     }
 
-    /// When the first label put off may be tried again.
-    fn next_try(&self) -> Option<tokio::time::Instant> {
-        self.later.first_key_value().map(|((at, _), _)| *at)
+    /// When the first label put off may be tried again, or the first namespace whose list
+    /// failed listed again (after `now`).
+    fn next_try(&self, now: tokio::time::Instant) -> Option<tokio::time::Instant> {
+        let relists = self.overflowed.values().filter_map(|r| match r {
+            Relist::Due(at) if *at > now => Some(*at),
+            _ => None,
+        });
+        self.later
+            .first_key_value()
+            .map(|((at, _), _)| *at)
+            .into_iter()
+            .chain(relists)
+            .min()
     }
 }
 
 /// Lists `namespace`'s resources with no shard label again, a page at a time, keeping them as
-/// the watch's are until [`WAITING_MAX`] wait; whether some were left for a later list.
-async fn list_again(ctx: &KindCtx, namespace: &str, queue: &Mutex<Queue>) -> bool {
+/// the watch's are until its namespace keeps [`WAITING_MAX`].
+async fn list_again(ctx: &KindCtx, namespace: &str, queue: &Mutex<Queue>) -> Listed {
     let api: Api<DynamicObject> =
         Api::namespaced_with(ctx.shared.client.clone(), namespace, &*ctx.ar);
     let mut params = ListParams::default()
         .labels(&unlabelled())
         .limit(u32::try_from(WAITING_MAX).unwrap_or(u32::MAX));
+    let mut pages = 0u32;
     loop {
         let page = match api.list_metadata(&params).await {
             Ok(page) => page,
             Err(e) => {
                 tracing::warn!(controller = %ctx.controller, %namespace,
-                    "could not list the resources with no shard label (listed again in {RETRY_FIRST:?}): {e}");
-                tokio::time::sleep(RETRY_FIRST).await;
-                return true;
+                    "could not list the resources with no shard label (listed again in {RELIST_RETRY:?}): {e}");
+                return Listed::Failed;
             }
         };
+        pages += 1;
+        let now = tokio::time::Instant::now();
         let mut q = lock(queue);
         let mut left = false;
         for item in page.items {
-            left |= !q.push(item.metadata);
+            left |= !q.push(item.metadata, now);
         }
         drop(q);
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(_) if left => return true,
-            Some(token) => params = params.continue_token(&token),
-            None => return left,
+            Some(token) if !left => params = params.continue_token(&token),
+            next => {
+                let left = left || next.is_some();
+                tracing::info!(controller = %ctx.controller, %namespace, pages, left,
+                    "listed the namespace's resources with no shard label again");
+                return if left { Listed::Left } else { Listed::All };
+            }
         }
     }
 }
@@ -307,7 +382,7 @@ pub(super) async fn run<S, F>(
             .for_each(move |found| {
                 match found {
                     Ok(resource) => {
-                        lock(&queue).push(resource.metadata);
+                        lock(&queue).push(resource.metadata, tokio::time::Instant::now());
                         more.notify_one();
                     }
                     Err(e) => {
@@ -321,18 +396,18 @@ pub(super) async fn run<S, F>(
         let (queue, more, ctx) = (queue.clone(), more.clone(), ctx.clone());
         async move {
             loop {
-                let relist = lock(&queue).relist();
+                let now = tokio::time::Instant::now();
+                let relist = lock(&queue).relist(now);
                 if let Some(namespace) = relist {
-                    let left = list_again(&ctx, &namespace, &queue).await;
-                    lock(&queue).listed(&namespace, left);
+                    let listed = list_again(&ctx, &namespace, &queue).await;
+                    lock(&queue).listed(&namespace, listed, tokio::time::Instant::now());
                     more.notify_waiters();
                     continue;
                 }
-                let now = tokio::time::Instant::now();
                 let next = lock(&queue).take(per_namespace, now);
                 let Some((key, identity)) = next else {
                     // Nothing to take now: wait for more, or for the first put off to be due.
-                    let due = lock(&queue).next_try();
+                    let due = lock(&queue).next_try(now);
                     match due {
                         Some(due) => {
                             tokio::select! {
@@ -344,25 +419,25 @@ pub(super) async fn run<S, F>(
                     }
                     continue;
                 };
-                let (namespace, name) = (&key.0, &key.1);
+                let (namespace, name) = (key.0.as_str(), key.1.as_str());
                 let target = shard.sharding.of(namespace, name);
                 let result =
                     reconcile::move_to_shard(&identity.meta(namespace, name), &ctx, target).await;
-                let mut q = lock(&queue);
-                q.done(namespace);
-                match result {
-                    Ok(()) => {}
+                let wait = RETRY_FIRST
+                    .saturating_mul(1 << identity.failed.min(6))
+                    .min(RETRY_MAX);
+                let failed = match result {
+                    Ok(()) => false,
                     // Gone, or changed since (the watch brings it again if still unlabelled).
-                    Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+                    Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => false,
                     Err(e) => {
-                        let wait = RETRY_FIRST
-                            .saturating_mul(1 << identity.failed.min(6))
-                            .min(RETRY_MAX);
                         tracing::warn!(controller = %ctx.controller, resource = %format!("{namespace}/{name}"), shard = target,
                             "could not label the resource with its shard (tried again in {wait:?}): {e}");
-                        // Unlabelled, it is served by no replica: its author is told why, on
-                        // the resource, at the first refusal (the retries only log).
-                        if identity.failed == 0 {
+                        // Refused (not a failure that may pass, such as a timeout or an
+                        // overloaded API server): unlabelled, it is served by no replica, and
+                        // its author is told why, on the resource, at the first refusal.
+                        let refused = matches!(&e, kube::Error::Api(s) if matches!(s.code, 400 | 403 | 422));
+                        if refused && identity.failed == 0 {
                             ctx.shared.reports.event(QueuedEvent::new(
                                 EventType::Warning,
                                 REFUSED_REASON,
@@ -372,9 +447,11 @@ pub(super) async fn run<S, F>(
                                 &ctx.controller,
                             ));
                         }
-                        q.put_off(key.clone(), identity, tokio::time::Instant::now() + wait);
+                        true
                     }
-                }
+                };
+                let mut q = lock(&queue);
+                q.done(key, identity, failed, tokio::time::Instant::now() + wait);
                 drop(q);
                 // Another writer may take from that namespace now.
                 more.notify_one();
@@ -403,17 +480,35 @@ mod tests {
         }
     }
 
-    fn names(q: &mut Queue, per_namespace: usize, now: tokio::time::Instant) -> Vec<String> {
-        std::iter::from_fn(|| q.take(per_namespace, now))
+    /// Takes every resource it can, leaving each in flight.
+    fn take_all(
+        q: &mut Queue,
+        per_namespace: usize,
+        now: tokio::time::Instant,
+    ) -> Vec<(Key, Identity)> {
+        std::iter::from_fn(|| q.take(per_namespace, now)).collect()
+    }
+
+    fn names(taken: &[(Key, Identity)]) -> Vec<String> {
+        taken
+            .iter()
             .map(|((ns, name), _)| format!("{ns}/{name}"))
             .collect()
     }
 
+    /// Every label in flight written.
+    fn written(q: &mut Queue, taken: Vec<(Key, Identity)>, now: tokio::time::Instant) {
+        for (key, identity) in taken {
+            q.done(key, identity, false, now);
+        }
+    }
+
     #[test]
     fn a_label_is_applied_to_the_identity_and_version_seen_alone() {
+        let now = tokio::time::Instant::now();
         let mut q = Queue::default();
-        q.push(meta("team-a", "web", "7"));
-        let ((ns, name), identity) = q.take(4, tokio::time::Instant::now()).unwrap();
+        q.push(meta("team-a", "web", "7"), now);
+        let ((ns, name), identity) = q.take(4, now).unwrap();
         let applied = identity.meta(&ns, &name);
         assert_eq!(applied.resource_version.as_deref(), Some("7"));
         assert_eq!(applied.uid.as_deref(), Some("uid-web"));
@@ -430,65 +525,28 @@ mod tests {
         let now = tokio::time::Instant::now();
         let mut q = Queue::default();
         for i in 0..5 {
-            q.push(meta("flood", &format!("f{i}"), "1"));
+            q.push(meta("flood", &format!("f{i}"), "1"), now);
         }
-        q.push(meta("quiet", "q0", "1"));
-        q.push(meta("quiet", "q1", "1"));
+        q.push(meta("quiet", "q0", "1"), now);
+        q.push(meta("quiet", "q1", "1"), now);
         // In turns, and two at most writing per namespace: the flood waits for its writes.
+        let mut taken = take_all(&mut q, 2, now);
         assert_eq!(
-            names(&mut q, 2, now),
+            names(&taken),
             ["flood/f0", "quiet/q0", "flood/f1", "quiet/q1"]
         );
-        q.done("flood");
-        assert_eq!(names(&mut q, 2, now), ["flood/f2"]);
-    }
-
-    #[test]
-    fn a_namespace_keeps_so_many_waiting_and_lists_the_rest_again_once_they_are_taken() {
-        let now = tokio::time::Instant::now();
-        let mut q = Queue::default();
-        for i in 0..WAITING_MAX + 10 {
-            let kept = q.push(meta("flood", &format!("f{i}"), "1"));
-            assert_eq!(kept, i < WAITING_MAX, "f{i}");
-        }
-        // Another namespace is kept all the same.
-        assert!(q.push(meta("quiet", "q0", "1")));
-        assert_eq!(q.entries.len(), WAITING_MAX + 1);
-        // Not listed again while its kept ones wait.
-        assert_eq!(q.relist(), None);
-        assert_eq!(names(&mut q, usize::MAX, now).len(), WAITING_MAX + 1);
-        assert_eq!(q.relist().as_deref(), Some("flood"));
-        assert_eq!(q.relist(), None, "listed by one writer at a time");
-        // A list that kept them all: done.
-        q.listed("flood", false);
-        assert_eq!(q.relist(), None);
-
-        // One seen by the watch and not kept while the list ran: listed once more.
-        let mut q = Queue::default();
-        for i in 0..=WAITING_MAX {
-            q.push(meta("flood", &format!("f{i}"), "1"));
-        }
-        names(&mut q, usize::MAX, now);
-        assert_eq!(q.relist().as_deref(), Some("flood"));
-        for i in 0..=WAITING_MAX {
-            q.push(meta("flood", &format!("g{i}"), "1"));
-        }
-        q.listed("flood", false);
-        assert_eq!(q.relist(), None, "not while its kept ones wait");
-        names(&mut q, usize::MAX, now);
-        assert_eq!(q.relist().as_deref(), Some("flood"));
-        // A list that left some: listed again.
-        q.listed("flood", true);
-        assert_eq!(q.relist().as_deref(), Some("flood"));
+        let (key, identity) = taken.remove(0);
+        q.done(key, identity, false, now);
+        assert_eq!(names(&take_all(&mut q, 2, now)), ["flood/f2"]);
     }
 
     #[test]
     fn a_resource_waits_once_at_its_last_version() {
         let now = tokio::time::Instant::now();
         let mut q = Queue::default();
-        q.push(meta("ns", "web", "1"));
-        q.push(meta("ns", "web", "2"));
-        q.push(meta("ns", "web", "3"));
+        q.push(meta("ns", "web", "1"), now);
+        q.push(meta("ns", "web", "2"), now);
+        q.push(meta("ns", "web", "3"), now);
         let (_, identity) = q.take(4, now).unwrap();
         assert_eq!(identity.version.as_deref(), Some("3"));
         assert!(q.take(4, now).is_none(), "queued once");
@@ -497,27 +555,125 @@ mod tests {
     #[test]
     fn a_label_that_failed_waits_for_its_time_without_holding_its_namespace() {
         let now = tokio::time::Instant::now();
-        let mut q = Queue::default();
-        q.push(meta("ns", "bad", "1"));
-        q.push(meta("ns", "good", "1"));
-        let (key, identity) = q.take(4, now).unwrap();
-        q.done("ns");
         let at = now + Duration::from_secs(5);
-        q.put_off(key, identity, at);
-        // The other is not held up by the one put off.
-        assert_eq!(names(&mut q, 4, now), ["ns/good"]);
-        q.done("ns");
-        assert_eq!(q.next_try(), Some(at));
-        assert_eq!(names(&mut q, 4, at), ["ns/bad"]);
-        // Seen again (a newer version) while it was put off: once, at that version.
         let mut q = Queue::default();
-        q.push(meta("ns", "bad", "1"));
+        q.push(meta("ns", "bad", "1"), now);
+        q.push(meta("ns", "good", "1"), now);
         let (key, identity) = q.take(4, now).unwrap();
-        q.done("ns");
-        q.put_off(key, identity, at);
-        q.push(meta("ns", "bad", "2"));
-        let taken: Vec<_> = std::iter::from_fn(|| q.take(4, at)).collect();
-        assert_eq!(taken.len(), 1);
-        assert_eq!(taken[0].1.version.as_deref(), Some("2"));
+        q.done(key, identity, true, at);
+        // The other is not held up by the one put off.
+        let good = take_all(&mut q, 4, now);
+        assert_eq!(names(&good), ["ns/good"]);
+        written(&mut q, good, now);
+        assert_eq!(q.next_try(now), Some(at));
+        let bad = take_all(&mut q, 4, at);
+        assert_eq!(names(&bad), ["ns/bad"]);
+        assert_eq!(bad[0].1.failed, 1, "its failures counted");
+
+        // Seen again (a newer version) while its label was written: tried again at that
+        // version when the write failed, its failures still counted.
+        let mut q = Queue::default();
+        q.push(meta("ns", "bad", "1"), now);
+        let (key, identity) = q.take(4, now).unwrap();
+        q.push(meta("ns", "bad", "2"), now);
+        assert!(
+            q.take(4, now).is_none(),
+            "not queued while its label is written"
+        );
+        q.done(key, identity, true, at);
+        let again = take_all(&mut q, 4, at);
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].1.version.as_deref(), Some("2"));
+        assert_eq!(again[0].1.failed, 1);
+    }
+
+    #[test]
+    fn a_version_seen_while_its_label_is_written_is_labelled_only_if_it_is_another() {
+        let now = tokio::time::Instant::now();
+        let mut q = Queue::default();
+        // A list that ran while the label was written brings the same version: done with it.
+        q.push(meta("ns", "web", "1"), now);
+        let (key, identity) = q.take(4, now).unwrap();
+        q.push(meta("ns", "web", "1"), now);
+        q.done(key, identity, false, now);
+        assert!(q.take(4, now).is_none());
+        assert!(q.kept.is_empty(), "{:?}", q.kept);
+        // The label refused as the resource changed meanwhile: the newer version is labelled.
+        q.push(meta("ns", "web", "1"), now);
+        let (key, identity) = q.take(4, now).unwrap();
+        q.push(meta("ns", "web", "2"), now);
+        q.done(key, identity, false, now);
+        let again = take_all(&mut q, 4, now);
+        assert_eq!(again[0].1.version.as_deref(), Some("2"));
+        written(&mut q, again, now);
+        assert!(q.kept.is_empty(), "{:?}", q.kept);
+    }
+
+    #[test]
+    fn a_namespace_keeps_so_many_and_lists_the_rest_again_once_they_are_taken() {
+        let now = tokio::time::Instant::now();
+        let mut q = Queue::default();
+        for i in 0..WAITING_MAX + 10 {
+            let kept = q.push(meta("flood", &format!("f{i}"), "1"), now);
+            assert_eq!(kept, i < WAITING_MAX, "f{i}");
+        }
+        // Another namespace is kept all the same.
+        assert!(q.push(meta("quiet", "q0", "1"), now));
+        assert_eq!(q.entries.len(), WAITING_MAX + 1);
+        // Not listed again while its kept ones wait.
+        assert_eq!(q.relist(now), None);
+        let taken = take_all(&mut q, usize::MAX, now);
+        assert_eq!(taken.len(), WAITING_MAX + 1);
+        // Nor while they are being written: they count as kept.
+        assert_eq!(q.relist(now), None);
+        assert!(!q.push(meta("flood", "late", "1"), now), "still full");
+        written(&mut q, taken, now);
+        assert_eq!(q.relist(now).as_deref(), Some("flood"));
+        assert_eq!(q.relist(now), None, "listed by one writer at a time");
+        // A list that kept every one: done.
+        q.listed("flood", Listed::All, now);
+        assert_eq!(q.relist(now), None);
+
+        // One brought by the watch and not kept while the list ran: listed once more.
+        let mut q = Queue::default();
+        for i in 0..=WAITING_MAX {
+            q.push(meta("flood", &format!("f{i}"), "1"), now);
+        }
+        let taken = take_all(&mut q, usize::MAX, now);
+        written(&mut q, taken, now);
+        assert_eq!(q.relist(now).as_deref(), Some("flood"));
+        for i in 0..=WAITING_MAX {
+            q.push(meta("flood", &format!("g{i}"), "1"), now);
+        }
+        q.listed("flood", Listed::All, now);
+        assert_eq!(q.relist(now), None, "not while its kept ones wait");
+        let taken = take_all(&mut q, usize::MAX, now);
+        written(&mut q, taken, now);
+        assert_eq!(q.relist(now).as_deref(), Some("flood"));
+        // A list that left some: listed again at once; one that failed, later.
+        q.listed("flood", Listed::Left, now);
+        assert_eq!(q.relist(now).as_deref(), Some("flood"));
+        q.listed("flood", Listed::Failed, now);
+        assert_eq!(q.relist(now), None, "not at once after a failed list");
+        let later = now + RELIST_RETRY;
+        assert_eq!(q.next_try(now), Some(later), "a writer wakes for it");
+        assert_eq!(q.relist(later).as_deref(), Some("flood"));
+    }
+
+    #[test]
+    fn labels_that_keep_failing_hold_no_more_than_their_namespace_keeps() {
+        let now = tokio::time::Instant::now();
+        let at = now + Duration::from_secs(1);
+        let mut q = Queue::default();
+        for i in 0..WAITING_MAX + 1 {
+            q.push(meta("refused", &format!("r{i}"), "1"), now);
+        }
+        for (key, identity) in take_all(&mut q, usize::MAX, now) {
+            q.done(key, identity, true, at);
+        }
+        // Every kept one put off: none more is kept, and nothing is listed again for more.
+        assert!(!q.push(meta("refused", "another", "1"), now));
+        assert_eq!(q.relist(at), None);
+        assert_eq!(q.entries.len(), WAITING_MAX);
     }
 }

@@ -757,20 +757,29 @@ impl Campaign {
         }
     }
 
-    /// Notes `lease` as the watch saw it change, now: a renewal counts from when it was made,
+    /// Notes `lease` as the watch brought it, now: a renewal counts from when its event came,
     /// not from the next round's list (up to a [`RETRY`] later), so that a Lease expires by our
-    /// clock its duration after its holder's last renewal. Whether a round should come at once:
-    /// a shard's Lease was released while this replica holds less than its share.
+    /// clock its duration after its holder's last renewal (later, never sooner). Whether a
+    /// round should come at once: a shard's Lease held by another was released just now, while
+    /// this replica holds less than its share, past its first round (in which replicas that
+    /// start together see each other first). A Lease seen released already (the watch's first
+    /// list, a relist) brings no round.
     fn see(&mut self, lease: &Lease) -> bool {
+        let name = lease.name_any();
+        let was_held = self
+            .seen
+            .get(&name)
+            .is_some_and(|(record, _)| record.holder.is_some());
         let (holder, _) = self.seen.see(lease, Instant::now());
-        let index = lease
-            .name_any()
+        let index = name
             .strip_prefix(&format!("{}-shard-", self.base))
             .and_then(super::shard::label_value)
             .filter(|i| *i < self.sharding.count);
-        holder.is_none()
+        was_held
+            && holder.is_none()
             && index.is_some_and(|i| !self.held.contains_key(&i))
             && lease.labels().get(ROLE_LABEL).map(String::as_str) == Some("shard")
+            && self.rounds >= 2
             && self.held.len() < self.fair
             && !*self.stop.borrow()
     }

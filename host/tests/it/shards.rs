@@ -223,21 +223,31 @@ spec:
   validationActions: [Deny]
 "#;
 
-/// How many events.k8s.io events with the reason `ShardLabelRefused` regard the Service `name`.
-fn label_refused_events(cp: &ControlPlane, ns: &str, name: &str) -> usize {
+/// The events.k8s.io events with the reason `ShardLabelRefused` regarding the Service `name`:
+/// each one's replica (reportingInstance), and whether it happened more than once (a series).
+fn label_refused_events(cp: &ControlPlane, ns: &str, name: &str) -> Vec<(String, bool)> {
     let out = cp.kubectl(&["get", "events.events.k8s.io", "-n", ns, "-o", "json"]);
     let list: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    list["items"].as_array().map_or(0, |items| {
-        items
-            .iter()
-            .filter(|e| {
-                e["reason"] == "ShardLabelRefused"
-                    && e["type"] == "Warning"
-                    && e["regarding"]["kind"] == "Service"
-                    && e["regarding"]["name"] == name
-            })
-            .count()
-    })
+    list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| {
+            e["reason"] == "ShardLabelRefused"
+                && e["type"] == "Warning"
+                && e["regarding"]["kind"] == "Service"
+                && e["regarding"]["name"] == name
+        })
+        .map(|e| {
+            (
+                e["reportingInstance"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                !e["series"].is_null(),
+            )
+        })
+        .collect()
 }
 
 /// The resources' names: fixed width, so that no name is the start of another's child's.
@@ -446,7 +456,7 @@ async fn a_killed_replicas_shard_is_taken_over_and_the_other_shard_never_notices
     eventually_or(
         "a ShardLabelRefused event on services.hanzo.ai/refused",
         Duration::from_secs(60),
-        || label_refused_events(cp, ns, "refused") > 0,
+        || !label_refused_events(cp, ns, "refused").is_empty(),
         || kubectl(cp, &["get", "events", "-n", ns]).1,
     )
     .await;
@@ -604,10 +614,31 @@ async fn a_killed_replicas_shard_is_taken_over_and_the_other_shard_never_notices
         || format!("still unlabelled: {:?}", unlabelled()),
     )
     .await;
+    let logs = c.logs();
     assert!(
-        c.logs()
-            .contains("resources of the namespace wait for their shard label"),
-        "the labeller kept every one of the 300 (nothing was listed again)"
+        logs.contains("resources of the namespace wait for their shard label")
+            && logs.contains("listed the namespace's resources with no shard label again"),
+        "the labeller kept every one of the 300 (nothing was listed again):\n{logs}"
+    );
+    // Each labelled once: a list that ran while labels were written queued none again.
+    let audit = self::writes(cp, ns);
+    for n in &bulk {
+        let labels = audit
+            .iter()
+            .filter(|w| w.resource == "services.hanzo.ai" && w.subresource.is_empty())
+            .filter(|w| w.verb == "patch" && w.name == *n)
+            .count();
+        assert_eq!(labels, 1, "{n}'s label written {labels} times");
+    }
+    // The resource whose label is refused: still served by none, told once.
+    let refused = get(cp, ns, "services.hanzo.ai/refused").unwrap();
+    assert!(refused["status"].is_null(), "served unlabelled: {refused}");
+    // Once by each replica that labelled (each holder of shard 0 in turn), never repeated.
+    let told = label_refused_events(cp, ns, "refused");
+    let by: BTreeSet<&str> = told.iter().map(|(by, _)| by.as_str()).collect();
+    assert!(
+        !told.is_empty() && by.len() == told.len() && told.iter().all(|(_, again)| !again),
+        "ShardLabelRefused events: {told:?}"
     );
     for n in &bulk {
         let svc = get(cp, ns, &format!("services.hanzo.ai/{n}")).unwrap();
