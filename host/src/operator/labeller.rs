@@ -18,9 +18,10 @@
 //! held to their floor) hold up no other's. Each label is applied to the version the watch
 //! showed: a resource changed since (or labelled by someone else meanwhile) is refused by the
 //! API server, and its new version comes through the watch (one that comes while the label is
-//! written is labelled after). A label that could not be written waits aside, with backoff,
-//! then goes first in its namespace; one the API server refuses (an admission policy, say)
-//! puts a Warning event on its resource the first time.
+//! written is labelled after; an older one, from a list read before it, is not). A label that
+//! could not be written waits aside, with backoff, then goes first in its namespace, a quarter
+//! of [`WAITING_MAX`] at most per namespace (more are let go, and found by a later list); one
+//! the API server refuses (an admission policy, say) puts a Warning event on its resource once.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Bound;
@@ -71,9 +72,22 @@ struct Identity {
     version: Option<String>,
     /// How many times its label failed.
     failed: u32,
+    /// Whether a Warning event told of its label refused.
+    told: bool,
 }
 
 impl Identity {
+    /// Whether this is a later state of its resource than `than`: a higher resourceVersion
+    /// (the API server's are numbers; a list page can be older than the watch's last event),
+    /// else any other version or uid.
+    fn newer(&self, than: &Identity) -> bool {
+        let number = |v: &Option<String>| v.as_deref().and_then(|v| v.parse::<u64>().ok());
+        match (number(&self.version), number(&than.version)) {
+            (Some(a), Some(b)) => a > b,
+            _ => self.version != than.version || self.uid != than.uid,
+        }
+    }
+
     fn meta(&self, namespace: &str, name: &str) -> ObjectMeta {
         ObjectMeta {
             namespace: Some(namespace.to_owned()),
@@ -102,9 +116,11 @@ struct Queue {
     /// or a list): what is done with it depends on how the write ends ([`Self::done`]).
     in_flight: HashMap<Key, Option<Identity>>,
     /// Per namespace, its labels being written.
-    writing: BTreeMap<String, usize>,
+    writing: HashMap<String, usize>,
     /// Per namespace, its resources kept: waiting, put off or being written.
     kept: HashMap<String, usize>,
+    /// Per namespace, its labels put off (in `later`).
+    put_off: HashMap<String, usize>,
     /// The namespace taken from last: the next take starts after it.
     last: Option<String>,
     /// Namespaces with resources seen but not kept ([`WAITING_MAX`]): listed again once those
@@ -136,6 +152,21 @@ enum Listed {
     Failed,
 }
 
+/// The most labels of one namespace put off (failed, waiting to be tried again): a namespace
+/// whose labels keep failing (an admission policy refusing them, a webhook down) still lists
+/// and labels its others.
+const PUT_OFF_MAX: usize = WAITING_MAX / 4;
+
+/// Takes one from `namespace`'s count, forgetting it at zero.
+fn decrement(counts: &mut HashMap<String, usize>, namespace: &str) {
+    if let Some(n) = counts.get_mut(namespace) {
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            counts.remove(namespace);
+        }
+    }
+}
+
 /// How long after a failed list a namespace is listed again.
 const RELIST_RETRY: Duration = Duration::from_secs(5);
 
@@ -152,14 +183,19 @@ impl Queue {
             uid: meta.uid,
             version: meta.resource_version,
             failed: 0,
+            told: false,
         };
         if let Some(waiting) = self.entries.get_mut(&key) {
-            waiting.uid = identity.uid;
-            waiting.version = identity.version;
+            if identity.newer(waiting) {
+                waiting.uid = identity.uid;
+                waiting.version = identity.version;
+            }
             return true;
         }
-        if let Some(newer) = self.in_flight.get_mut(&key) {
-            *newer = Some(identity);
+        if let Some(seen) = self.in_flight.get_mut(&key) {
+            if seen.as_ref().is_none_or(|seen| identity.newer(seen)) {
+                *seen = Some(identity);
+            }
             return true;
         }
         if self.kept.get(&key.0).copied().unwrap_or(0) >= WAITING_MAX {
@@ -196,6 +232,7 @@ impl Queue {
                 break;
             }
             let (namespace, name) = entry.remove();
+            decrement(&mut self.put_off, &namespace);
             self.waiting.entry(namespace).or_default().push_front(name);
         }
         loop {
@@ -226,40 +263,37 @@ impl Queue {
 
     /// The label of `key`, taken as `written`, is written (`failed` false: applied, or refused
     /// as the resource is gone or changed since), or failed (`failed` true: tried again at
-    /// `retry`, counted a failure more). A version of it seen meanwhile that differs from the
-    /// one written is queued (a write that failed is tried again with it); the same version
-    /// seen again (a list that ran while it was written) is not.
+    /// `retry`, counted a failure more). A later version of it seen meanwhile is queued (a
+    /// write that failed is tried again with it); the same or an older one seen again (a list
+    /// that ran while it was written) is not. Of a namespace with [`PUT_OFF_MAX`] put off
+    /// already, a label that failed is not kept: the namespace is listed again after `retry`.
     fn done(&mut self, key: Key, written: Identity, failed: bool, retry: tokio::time::Instant) {
-        if let Some(n) = self.writing.get_mut(&key.0) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                self.writing.remove(&key.0);
-            }
-        }
+        decrement(&mut self.writing, &key.0);
         let newer = self
             .in_flight
             .remove(&key)
             .flatten()
-            .filter(|n| n.uid != written.uid || n.version != written.version);
+            .filter(|n| n.newer(&written));
         match (failed, newer) {
-            (false, None) => self.forget(&key.0),
+            (false, None) => decrement(&mut self.kept, &key.0),
             (false, Some(newer)) => self.queue(key, newer),
+            (true, _) if self.put_off.get(&key.0).copied().unwrap_or(0) >= PUT_OFF_MAX => {
+                decrement(&mut self.kept, &key.0);
+                let relist = self.overflowed.entry(key.0).or_insert(Relist::Due(retry));
+                match relist {
+                    Relist::Listing => *relist = Relist::ListingMissed,
+                    Relist::Due(at) => *at = (*at).max(retry),
+                    Relist::ListingMissed => {}
+                }
+            }
             (true, newer) => {
                 let mut again = newer.unwrap_or(written.clone());
                 again.failed = written.failed + 1;
+                again.told |= written.told;
                 self.seq += 1;
+                *self.put_off.entry(key.0.clone()).or_default() += 1;
                 self.later.insert((retry, self.seq), key.clone());
                 self.entries.insert(key, again);
-            }
-        }
-    }
-
-    /// One resource of `namespace` is kept no more.
-    fn forget(&mut self, namespace: &str) {
-        if let Some(n) = self.kept.get_mut(namespace) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                self.kept.remove(namespace);
             }
         }
     }
@@ -419,6 +453,7 @@ pub(super) async fn run<S, F>(
                     }
                     continue;
                 };
+                let mut identity = identity;
                 let (namespace, name) = (key.0.as_str(), key.1.as_str());
                 let target = shard.sharding.of(namespace, name);
                 let result =
@@ -437,7 +472,8 @@ pub(super) async fn run<S, F>(
                         // overloaded API server): unlabelled, it is served by no replica, and
                         // its author is told why, on the resource, at the first refusal.
                         let refused = matches!(&e, kube::Error::Api(s) if matches!(s.code, 400 | 403 | 422));
-                        if refused && identity.failed == 0 {
+                        if refused && !identity.told {
+                            identity.told = true;
                             ctx.shared.reports.event(QueuedEvent::new(
                                 EventType::Warning,
                                 REFUSED_REASON,
@@ -661,19 +697,48 @@ mod tests {
     }
 
     #[test]
-    fn labels_that_keep_failing_hold_no_more_than_their_namespace_keeps() {
+    fn labels_that_keep_failing_never_hold_up_their_namespace() {
         let now = tokio::time::Instant::now();
         let at = now + Duration::from_secs(1);
         let mut q = Queue::default();
-        for i in 0..WAITING_MAX + 1 {
+        for i in 0..100 {
             q.push(meta("refused", &format!("r{i}"), "1"), now);
         }
-        for (key, identity) in take_all(&mut q, usize::MAX, now) {
+        for (key, mut identity) in take_all(&mut q, usize::MAX, now) {
+            identity.told = true;
             q.done(key, identity, true, at);
         }
-        // Every kept one put off: none more is kept, and nothing is listed again for more.
-        assert!(!q.push(meta("refused", "another", "1"), now));
-        assert_eq!(q.relist(at), None);
-        assert_eq!(q.entries.len(), WAITING_MAX);
+        // A quarter of those kept are put off at most; the others are let go, and the
+        // namespace is listed again when they would have been tried.
+        assert_eq!(q.entries.len(), PUT_OFF_MAX);
+        assert_eq!(q.kept.get("refused"), Some(&PUT_OFF_MAX));
+        assert_eq!(q.relist(now), None);
+        assert_eq!(q.relist(at).as_deref(), Some("refused"));
+        assert!(q.push(meta("refused", "new", "1"), at), "others are kept");
+        // Those put off keep their count of failures and that they were told of.
+        let again = take_all(&mut q, usize::MAX, at);
+        assert!(
+            again
+                .iter()
+                .filter(|(k, _)| k.1 != "new")
+                .all(|(_, i)| i.failed == 1 && i.told)
+        );
+    }
+
+    #[test]
+    fn an_older_version_from_a_list_never_replaces_a_newer_one_seen() {
+        let now = tokio::time::Instant::now();
+        let mut q = Queue::default();
+        q.push(meta("ns", "web", "5"), now);
+        q.push(meta("ns", "web", "3"), now);
+        let (key, identity) = q.take(4, now).unwrap();
+        assert_eq!(identity.version.as_deref(), Some("5"));
+        // While its label is written: the watch brings 7, a list read before it 6.
+        q.push(meta("ns", "web", "7"), now);
+        q.push(meta("ns", "web", "6"), now);
+        q.done(key, identity, false, now);
+        let again = take_all(&mut q, 4, now);
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].1.version.as_deref(), Some("7"));
     }
 }
