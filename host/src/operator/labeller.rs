@@ -35,7 +35,6 @@ use kube::runtime::events::EventType;
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::Notify;
 
-use super::report::QueuedEvent;
 use super::shard::SHARD_LABEL;
 use super::{KindCtx, lock, reconcile};
 
@@ -53,10 +52,9 @@ pub(crate) const REFUSED_REASON: &str = "ShardLabelRefused";
 
 /// What that event says: the resource waits, served by no replica, until its label is written.
 fn refused_note(target: u32, e: &kube::Error) -> String {
-    let note = format!(
+    format!(
         "the operator could not label this resource with its shard ({SHARD_LABEL}={target}), so no replica serves it yet; it tries again with backoff up to {RETRY_MAX:?}: {e}"
-    );
-    super::status::bounded_to(&note, super::status::MAX_NOTE)
+    )
 }
 
 /// The selector of the resources with no shard label.
@@ -474,14 +472,13 @@ pub(super) async fn run<S, F>(
                         let refused = matches!(&e, kube::Error::Api(s) if matches!(s.code, 400 | 403 | 422));
                         if refused && !identity.told {
                             identity.told = true;
-                            ctx.shared.reports.event(QueuedEvent::new(
+                            reconcile::publish(
+                                &ctx,
+                                &identity.meta(namespace, name),
                                 EventType::Warning,
                                 REFUSED_REASON,
-                                refused_note(target, &e).into(),
-                                &ctx.ar,
-                                &identity.meta(namespace, name),
-                                &ctx.controller,
-                            ));
+                                refused_note(target, &e),
+                            );
                         }
                         true
                     }

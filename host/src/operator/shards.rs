@@ -68,6 +68,13 @@ pub fn shard_lease(base: &str, index: u32) -> String {
     format!("{base}-shard-{index}")
 }
 
+/// The shard whose Lease is `name` ([`shard_lease`]'s inverse).
+fn shard_index(base: &str, name: &str) -> Option<u32> {
+    name.strip_prefix(base)?
+        .strip_prefix("-shard-")
+        .and_then(super::shard::label_value)
+}
+
 /// This replica's member Lease: named by a hash of its identity, which may be long or hold
 /// characters a name may not.
 fn member_lease(base: &str, identity: &str) -> String {
@@ -340,10 +347,7 @@ impl Campaign {
                         .get(SHARDS_ANNOTATION)
                         .and_then(|v| v.parse::<u32>().ok());
                     // From its name: what an annotation says could be edited.
-                    let index = lease
-                        .name_any()
-                        .strip_prefix(&format!("{}-shard-", self.base))
-                        .and_then(super::shard::label_value);
+                    let index = shard_index(&self.base, &lease.name_any());
                     let theirs = holder_of(&lease) != Some(self.identity.as_str());
                     if live && theirs && count != Some(self.sharding.count) {
                         barrier = Some(format!(
@@ -771,10 +775,7 @@ impl Campaign {
             .get(&name)
             .is_some_and(|(record, _)| record.holder.is_some());
         let (holder, _) = self.seen.see(lease, Instant::now());
-        let index = name
-            .strip_prefix(&format!("{}-shard-", self.base))
-            .and_then(super::shard::label_value)
-            .filter(|i| *i < self.sharding.count);
+        let index = shard_index(&self.base, &name).filter(|i| *i < self.sharding.count);
         was_held
             && holder.is_none()
             && index.is_some_and(|i| !self.held.contains_key(&i))

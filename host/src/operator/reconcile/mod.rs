@@ -44,6 +44,7 @@ mod prune;
 mod render;
 
 use apply::*;
+pub(crate) use outcome::publish;
 use outcome::*;
 use plan::*;
 use prune::*;

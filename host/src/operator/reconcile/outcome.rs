@@ -15,7 +15,7 @@ pub(super) fn report(
     if !applied.changed.is_empty() {
         publish(
             ctx,
-            obj,
+            &obj.metadata,
             EventType::Normal,
             "Applied",
             format!("applied {}", applied.changed.join(", ")),
@@ -24,7 +24,7 @@ pub(super) fn report(
     for what in &pruned.deleted {
         publish(
             ctx,
-            obj,
+            &obj.metadata,
             EventType::Normal,
             "Pruned",
             format!("deleted {what}: the render no longer returns it"),
@@ -95,7 +95,13 @@ pub(super) fn report(
             .iter()
             .filter(|p| !said.contains(&p.message))
         {
-            publish(ctx, obj, EventType::Warning, &p.reason, p.message.clone());
+            publish(
+                ctx,
+                &obj.metadata,
+                EventType::Warning,
+                &p.reason,
+                p.message.clone(),
+            );
         }
         let warned = condition_message(current.as_ref(), "Warning");
         for w in outcome
@@ -104,7 +110,7 @@ pub(super) fn report(
             .map(ToString::to_string)
             .filter(|w| !warned.contains(w.as_str()))
         {
-            publish(ctx, obj, EventType::Warning, "PluginWarning", w);
+            publish(ctx, &obj.metadata, EventType::Warning, "PluginWarning", w);
         }
     }
     // What the operator retries by itself: with backoff, as a failed reconciliation.
@@ -125,10 +131,11 @@ pub(super) fn report(
     Ok(Action::requeue(RESYNC))
 }
 
-/// Asks for an event about `obj`; it is written off the reconciliation's path.
-pub(super) fn publish(
+/// Asks for an event about the resource `regarding` (of `ctx`'s Kind); it is written off the
+/// reconciliation's path.
+pub(crate) fn publish(
     ctx: &KindCtx,
-    obj: &DynamicObject,
+    regarding: &kube::api::ObjectMeta,
     type_: EventType,
     reason: &str,
     note: String,
@@ -138,7 +145,7 @@ pub(super) fn publish(
         reason,
         status::bounded_to(&note, status::MAX_NOTE).into(),
         &ctx.ar,
-        &obj.metadata,
+        regarding,
         &ctx.controller,
     ));
 }

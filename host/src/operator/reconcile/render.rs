@@ -182,7 +182,13 @@ pub(super) fn nothing_applied(
     };
     if write_status(obj, ctx, owner, current.as_ref(), &outcome) {
         for p in &outcome.problems {
-            publish(ctx, obj, EventType::Warning, &p.reason, p.message.clone());
+            publish(
+                ctx,
+                &obj.metadata,
+                EventType::Warning,
+                &p.reason,
+                p.message.clone(),
+            );
         }
     }
 }
