@@ -25,7 +25,8 @@
 //!    until every child is applied, each replica's peak RSS against a replica's fixed base (one
 //!    with no resources), the API server's CPU; then one replica killed, and the time until a
 //!    change in its shard is applied by another (`BENCH_SHARDED` sets the size, 0 skips it; `BENCH_SHARDED_BARE=0` skips its bare loop;
-//!    `BENCH_SHARDS=1,4` which shard counts run, default 1,2,4).
+//!    `BENCH_SHARDS=1,4` which shard counts run, default 1,2,4; `BENCH_KILL_SHARD=0` kills the
+//!    holder of shard 0 rather than the first replica holding one, where K has that shard).
 //!
 //! Run: `cargo bench -p host --bench operator` (N defaults to 1000; `BENCH_RESOURCES=200` for a
 //! quicker run; `BENCH_QUIET_SECS` sets the quiet period, default 60; `BENCH_MIXED` the mixed
@@ -1064,11 +1065,17 @@ async fn sharded_run(root: &std::path::Path, n: usize, shards: u32) -> ShardedRu
     let failover = if shards > 1 {
         // Who holds what: each replica its share, one shard each.
         let held: Vec<Vec<u32>> = ports.iter().map(|p| shards_held(*p)).collect();
+        // `BENCH_KILL_SHARD`: kill the holder of that shard (such as 0, whose holder also
+        // labels) where K has it; by default the first replica holding one.
+        let kill: Option<u32> = std::env::var("BENCH_KILL_SHARD")
+            .ok()
+            .map(|s| s.parse().expect("BENCH_KILL_SHARD: a shard index"))
+            .filter(|s| *s < shards);
         let victim = held
             .iter()
-            .position(|h| !h.is_empty())
-            .expect("a replica holds a shard");
-        let lost = held[victim][0];
+            .position(|h| kill.map_or(!h.is_empty(), |s| h.contains(&s)))
+            .expect("a replica holds the shard");
+        let lost = kill.unwrap_or(held[victim][0]);
         let sharding = host::operator::shard::Sharding {
             count: shards,
             by: host::operator::shard::ShardBy::Name,

@@ -431,7 +431,7 @@ pub(super) async fn run<S, F>(
                 let now = tokio::time::Instant::now();
                 let relist = lock(&queue).relist(now);
                 if let Some(namespace) = relist {
-                    let listed = list_again(&ctx, &namespace, &queue).await;
+                    let listed = Box::pin(list_again(&ctx, &namespace, &queue)).await;
                     lock(&queue).listed(&namespace, listed, tokio::time::Instant::now());
                     more.notify_waiters();
                     continue;
@@ -454,8 +454,15 @@ pub(super) async fn run<S, F>(
                 let mut identity = identity;
                 let (namespace, name) = (key.0.as_str(), key.1.as_str());
                 let target = shard.sharding.of(namespace, name);
-                let result =
-                    reconcile::move_to_shard(&identity.meta(namespace, name), &ctx, target).await;
+                // Each request's future is boxed, held only while it runs: in the writer's own
+                // state it would size every writer for it, waiting or not (about 7 KiB: the
+                // 16 writers of each of 14 Kinds held 1.6 MiB, measured with heaptrack).
+                let result = Box::pin(reconcile::move_to_shard(
+                    &identity.meta(namespace, name),
+                    &ctx,
+                    target,
+                ))
+                .await;
                 let wait = RETRY_FIRST
                     .saturating_mul(1 << identity.failed.min(6))
                     .min(RETRY_MAX);

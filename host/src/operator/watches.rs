@@ -158,7 +158,16 @@ pub(crate) fn watch_health<K>(
 /// How long reconciliation waits for every watch's first list before it starts anyway.
 pub(super) const SYNC_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// How every watch lists: from the API server's watch cache (`resourceVersion=0`), in pages.
+/// How every watch lists: at the most recent version (no `resourceVersion`), in pages of 500
+/// (kube's default page size, kept here on purpose).
+///
+/// Not at `resourceVersion=0` ("any version"): the API server ignores `limit` for those and
+/// answers with every object in one response, which a watch holds whole while it takes the
+/// objects one by one: at 10,000 resources, tens of MiB for a moment at each start and relist.
+/// A list at the most recent version honours `limit`. Since Kubernetes 1.31
+/// (`ConsistentListFromCache`, with an etcd that answers progress requests) the API server
+/// serves its first page from the watch cache, and since 1.34 (`ListFromCacheSnapshot`) the
+/// next pages too; older servers read the pages from etcd.
 pub(crate) fn watch_config() -> watcher::Config {
-    watcher::Config::default().any_semantic()
+    watcher::Config::default().page_size(500)
 }
