@@ -95,13 +95,7 @@ pub(super) fn report(
             .iter()
             .filter(|p| !said.contains(&p.message))
         {
-            publish(
-                ctx,
-                &obj.metadata,
-                EventType::Warning,
-                &p.reason,
-                p.message.clone(),
-            );
+            warn_of(ctx, &obj.metadata, p);
         }
         let warned = condition_message(current.as_ref(), "Warning");
         for w in outcome
@@ -148,6 +142,17 @@ pub(crate) fn publish(
         regarding,
         &ctx.controller,
     ));
+}
+
+/// Asks for a Warning event telling of `problem` on the resource `regarding`.
+pub(super) fn warn_of(ctx: &KindCtx, regarding: &kube::api::ObjectMeta, problem: &Problem) {
+    publish(
+        ctx,
+        regarding,
+        EventType::Warning,
+        &problem.reason,
+        problem.message.clone(),
+    );
 }
 
 /// The status `obj` has or is about to have: one not yet written is newer than the watch's.

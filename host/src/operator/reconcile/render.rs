@@ -182,13 +182,7 @@ pub(super) fn nothing_applied(
     };
     if write_status(obj, ctx, owner, current.as_ref(), &outcome) {
         for p in &outcome.problems {
-            publish(
-                ctx,
-                &obj.metadata,
-                EventType::Warning,
-                &p.reason,
-                p.message.clone(),
-            );
+            outcome::warn_of(ctx, &obj.metadata, p);
         }
     }
 }
