@@ -5,7 +5,7 @@
 /// The modules of `host/src`, by layer, bottom first.
 pub const LAYERS: &[&[&str]] = &[
     // Leaves: what everything shares.
-    &["types", "units", "gvk"],
+    &["types", "units", "gvk", "connection"],
     // What the operator's objects are and how they are owned; Kubernetes schemas; registries.
     &["api", "ownership", "kube_schema", "oci"],
     &["error"],

@@ -3,8 +3,9 @@
 //! Layers, bottom first; a module uses only those below it ([`layers`] keeps it so, and
 //! docs/architecture.md walks one resource through them):
 //!
-//! - [`types`], [`units`], [`gvk`]: the plain types shared with guests; durations, sizes and
-//!   bounded text; groups, versions, kinds and plurals;
+//! - [`types`], [`units`], [`gvk`], [`connection`]: the plain types shared with guests;
+//!   durations, sizes and bounded text; groups, versions, kinds and plurals; and, beside them,
+//!   the connections to the API server;
 //! - [`api`], [`ownership`], [`kube_schema`], [`oci`]: the `Plugin` resource; how children are
 //!   stamped, owned and adopted; the Kubernetes types a CRD inlines; plugins in OCI registries;
 //! - [`error`]; then [`documents`], [`schema`], [`policy`]: resources read from files; a spec
@@ -20,6 +21,7 @@
 pub mod api;
 pub mod check;
 pub mod cli;
+pub mod connection;
 pub mod crd;
 #[cfg(feature = "dev")]
 pub mod dev;

@@ -391,17 +391,23 @@ impl ClusterArgs {
     /// cluster has answered (its version): a cluster that cannot be reached is said before the
     /// command starts, with its address.
     pub async fn client(&self, agent: Option<&str>) -> Result<kube::Client, Error> {
+        Ok(self.cluster(agent).await?.client)
+    }
+
+    /// [`Self::client`], and the connections of the watches an operator makes.
+    pub async fn cluster(&self, agent: Option<&str>) -> Result<crate::connection::Cluster, Error> {
         let mut config = self.config().await?;
         if let Some(value) = agent.and_then(|a| http::HeaderValue::from_str(a).ok()) {
             config.headers.push((http::header::USER_AGENT, value));
         }
         let server = config.cluster_url.to_string();
-        let client = kube::Client::try_from(config).map_err(Error::Cluster)?;
-        client
+        let cluster = crate::connection::Cluster::connect(config).map_err(Error::Cluster)?;
+        cluster
+            .client
             .apiserver_version()
             .await
             .map_err(|source| Error::Unreachable { server, source })?;
-        Ok(client)
+        Ok(cluster)
     }
 }
 

@@ -276,8 +276,8 @@ pub(super) fn run(args: &RunArgs) -> Result<ExitCode, Error> {
     let result = runtime.block_on(async move {
         // The operator names itself in every request, so the API server's audit log and
         // metrics tell its writes (and each replica's) apart from everyone else's.
-        let client = args.cluster.client(Some(&agent)).await?;
-        crate::operator::run(client, registry, settings, shutdown_signal())
+        let cluster = args.cluster.cluster(Some(&agent)).await?;
+        crate::operator::run(cluster, registry, settings, shutdown_signal())
             .await
             .map_err(Error::from)
     });

@@ -478,8 +478,9 @@ pub(crate) fn watch_children(
         first_list,
     } in writers
     {
+        let place = shared.watches.place();
         let (api, watch) =
-            super::scoped::<LiveChild>(&shared.client, scope.as_deref(), &child_ar, &kind_key);
+            super::scoped::<LiveChild>(&place.client(), scope.as_deref(), &child_ar, &kind_key);
         let config = super::watch_config();
         listed.push((watch.clone(), first_list.subscribe()));
         let health = (shared.metrics.clone(), watch);
@@ -493,10 +494,20 @@ pub(crate) fn watch_children(
             })
             .inspect(first_list.observer())
             .inspect(move |event| watch_health(&health.0, &health.1, event))
-            .default_backoff();
+            .default_backoff()
+            // Until the pipeline stops: a shard lost or given back takes its watches with it
+            // (they held its `Shared`, and their places on the connections, for ever).
+            .take_until({
+                let mut stopping = shared.stopping.subscribe();
+                async move {
+                    let _ = stopping.wait_for(|s| *s).await;
+                }
+            });
         let owners = shared.owners.clone();
         let shared = shared.clone();
         tokio::spawn(async move {
+            // The watch's place on its connection, held while the watch is.
+            let _place = place;
             let id = |o: &LiveChild| -> ChildId {
                 (
                     kind_key.clone(),

@@ -67,7 +67,9 @@ impl Controllers {
             .subscribe();
         let mut listed = Vec::new();
         for scope in settings.scopes() {
-            let (api, watch) = scoped::<Served>(&shared.client, scope.as_deref(), &ar, &controller);
+            let place = shared.watches.place();
+            let (api, watch) =
+                scoped::<Served>(&place.client(), scope.as_deref(), &ar, &controller);
             // Settled resources a list finds are queued after the changed ones (`settling`).
             let (later_tx, later_rx) = mpsc::unbounded();
             let settling =
@@ -107,15 +109,19 @@ impl Controllers {
                 && shard.index == 0
                 && shard.sharding.count > 1
             {
+                let place = shared.watches.place();
                 let (api, _) = scoped::<kube::core::PartialObjectMeta<kube::api::DynamicObject>>(
-                    &shared.client,
+                    &place.client(),
                     scope.as_deref(),
                     &ar,
                     &controller,
                 );
                 let labelling =
                     super::labeller::run(ctx.clone(), api, settings.concurrency, stopped.clone());
-                lock(&self.running).push(tokio::spawn(labelling));
+                lock(&self.running).push(tokio::spawn(async move {
+                    let _place = place;
+                    labelling.await;
+                }));
             }
             // A resource is rendered again when what its render reads changes (spec, labels,
             // annotations), not when only its status does: most of its updates are our own
@@ -131,7 +137,11 @@ impl Controllers {
             let (lists, admits) = (settling.clone(), settling.clone());
             let trigger = reflector::reflector(
                 writer,
-                watcher(api, owners_config(settings)).modify(move |o| trim_served(shard, o)),
+                watcher(api, owners_config(settings)).modify(move |o| {
+                    // The watch's place on its connection, held while the watch is.
+                    let _ = &place;
+                    trim_served(shard, o)
+                }),
             )
             .inspect(first_list.observer())
             .inspect(move |event| watch_health(&health.0, &health.1, event))

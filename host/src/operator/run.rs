@@ -5,11 +5,16 @@ use super::*;
 /// Runs the operator until `shutdown` resolves (SIGTERM in the binary), then finishes the
 /// reconciliations in flight and steps down.
 pub async fn run(
-    client: kube::Client,
+    cluster: impl Into<crate::connection::Cluster>,
     registry: Registry,
     settings: Settings,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
+    let crate::connection::Cluster {
+        client,
+        leases,
+        watches,
+    } = cluster.into();
     let metrics = Arc::new(Metrics::default());
     metrics.set_limits(settings.unready_after, settings.stuck_after);
     for plugin in registry.plugins() {
@@ -56,8 +61,13 @@ pub async fn run(
 
     // Shards: each replica serves the shards it holds.
     if let Some(sharding) = settings.sharding.filter(|s| s.count > 1) {
+        let replica = Replica {
+            metrics,
+            writes,
+            watches,
+        };
         return super::shards::serve(
-            client, registry, settings, sharding, metrics, writes, stop_rx,
+            client, leases, registry, settings, sharding, replica, stop_rx,
         )
         .await;
     }
@@ -72,7 +82,7 @@ pub async fn run(
     let mut prefetched = BTreeMap::new();
     if settings.leader_election {
         let (is_leader, lease_fence, handle) = lease::elect(
-            client.clone(),
+            leases,
             &settings.lease_namespace,
             &settings.lease_name,
             &settings.identity,
@@ -85,7 +95,7 @@ pub async fn run(
         // Meanwhile, the Plugins are made ready to serve.
         let standby = settings.plugin_resources.as_ref().map(|live| {
             plugins::Standby::start(
-                client.clone(),
+                &watches,
                 live.clone(),
                 registry.context().clone(),
                 metrics.clone(),
@@ -136,6 +146,7 @@ pub async fn run(
         Replica {
             metrics: metrics.clone(),
             writes,
+            watches,
         },
         &settings,
         Holding {
@@ -161,11 +172,13 @@ pub async fn run(
     Ok(())
 }
 
-/// What every pipeline of a replica shares: its metrics, and its writes in flight.
+/// What every pipeline of a replica shares: its metrics, its writes in flight, and the
+/// connections of its watches.
 #[derive(Clone)]
 pub(super) struct Replica {
     pub metrics: Arc<Metrics>,
     pub writes: Arc<writes::Writes>,
+    pub watches: crate::connection::Watches,
 }
 
 /// What a pipeline holds: the fence its writes go through, and whether it serves yet (a
@@ -183,7 +196,11 @@ pub(super) struct Holding {
 pub(super) async fn lead(
     client: kube::Client,
     registry: Registry,
-    Replica { metrics, writes }: Replica,
+    Replica {
+        metrics,
+        writes,
+        watches,
+    }: Replica,
     settings: &Settings,
     Holding { fence, mut serving }: Holding,
     mut prefetched: BTreeMap<String, plugins::Prepared>,
@@ -191,6 +208,7 @@ pub(super) async fn lead(
 ) -> Result<(), Error> {
     let (shared, writers) = setup(
         client.clone(),
+        watches,
         registry,
         metrics.clone(),
         writes,
@@ -332,6 +350,7 @@ pub(super) async fn lead(
 /// Discovers the child kinds; each the cluster serves gets a store for its watch.
 pub(super) async fn setup(
     client: kube::Client,
+    watches: crate::connection::Watches,
     registry: Registry,
     metrics: Arc<Metrics>,
     writes: Arc<writes::Writes>,
@@ -418,6 +437,7 @@ pub(super) async fn setup(
         fence,
         applies,
         client,
+        watches,
         registry: RwLock::new(Arc::new(registry)),
         metrics,
         targets: RwLock::new(targets),

@@ -882,7 +882,12 @@ async fn release(api: &Api<Lease>, name: &str, identity: &str) {
 /// Tells the campaign of each change to this operator's Leases (those labelled with `selector`)
 /// as the API server sends it. The rounds' lists go on regardless: should the watch fail (a Role
 /// from before it, without `watch`), renewals are seen as they were, up to a [`RETRY`] late.
-async fn watch_leases(api: Api<Lease>, selector: String, ctl: mpsc::UnboundedSender<Ctl>) {
+async fn watch_leases(
+    api: Api<Lease>,
+    _place: crate::connection::WatchPlace,
+    selector: String,
+    ctl: mpsc::UnboundedSender<Ctl>,
+) {
     let mut failing = false;
     let mut changes = std::pin::pin!(
         kube::runtime::watcher(
@@ -916,13 +921,14 @@ async fn watch_leases(api: Api<Lease>, selector: String, ctl: mpsc::UnboundedSen
 /// shard is lost or given back.
 pub(super) async fn serve(
     client: kube::Client,
+    leases: kube::Client,
     registry: Registry,
     settings: Settings,
     sharding: Sharding,
-    metrics: Arc<Metrics>,
-    writes: Arc<super::writes::Writes>,
+    replica: super::run::Replica,
     stop: watch::Receiver<bool>,
 ) -> Result<(), Error> {
+    let metrics = replica.metrics.clone();
     for index in 0..sharding.count {
         metrics.set_shard(index, false);
     }
@@ -932,13 +938,13 @@ pub(super) async fn serve(
     // taken serves them at once, with no pull or compile.
     let standby = settings.plugin_resources.as_ref().map(|live| {
         super::plugins::Standby::start(
-            client.clone(),
+            &replica.watches,
             live.clone(),
             registry.context().clone(),
             metrics.clone(),
         )
     });
-    let api: Api<Lease> = Api::namespaced(client.clone(), &settings.lease_namespace);
+    let api: Api<Lease> = Api::namespaced(leases, &settings.lease_namespace);
     let (won_tx, mut won) = mpsc::unbounded_channel();
     let (ctl, ctl_rx) = mpsc::unbounded_channel();
     let campaign = Campaign {
@@ -966,8 +972,10 @@ pub(super) async fn serve(
     tracing::info!(identity = %settings.identity, shards = sharding.count, by = %sharding.by,
         "campaigning for a fair share of the shards");
     let campaign = tokio::spawn(campaign.run(ctl_rx));
+    let place = replica.watches.place();
     let lease_watch = tokio::spawn(watch_leases(
-        api.clone(),
+        Api::namespaced(place.client(), &settings.lease_namespace),
+        place,
         format!("{OF_LABEL}={}", settings.lease_name),
         ctl.clone(),
     ));
@@ -982,10 +990,7 @@ pub(super) async fn serve(
                 shard_settings.shard = Some(Shard { sharding, index });
                 let (client, registry, ended_tx) =
                     (client.clone(), registry.clone(), ended_tx.clone());
-                let replica = super::run::Replica {
-                    metrics: metrics.clone(),
-                    writes: writes.clone(),
-                };
+                let replica = replica.clone();
                 let mut stop = stop.clone();
                 let stopped = async move {
                     tokio::select! {

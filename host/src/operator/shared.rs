@@ -29,6 +29,8 @@ pub(crate) enum Unserved {
 /// What every controller shares.
 pub(crate) struct Shared {
     pub client: kube::Client,
+    /// The connections watches take a place on (`crate::connection`).
+    pub watches: crate::connection::Watches,
     /// The plugins served: swapped whole when a `Plugin` resource comes, changes or goes; a
     /// render holds the one it started with.
     pub registry: RwLock<Arc<Registry>>,

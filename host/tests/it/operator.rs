@@ -1209,18 +1209,21 @@ async fn leader_partitioned(fault: Fault) {
     // Replica A reaches the API server through a proxy the test can cut; B directly. Both act
     // as the operator's ServiceAccount; the audit log tells them apart by user agent.
     let proxy = cp.proxy().unwrap();
+    // Each connects as `host run` does: over HTTP/2, its watches apart from its requests.
     let client = |server: Option<String>, agent: &'static str| {
         let (cp, admin) = (&cp, admin.clone());
         async move {
-            cp.service_account_client_via(
-                &admin,
-                "wasm-operator",
-                "wasm-operator",
-                server.as_deref(),
-                Some(agent),
-            )
-            .await
-            .unwrap()
+            let config = cp
+                .service_account_config_via(
+                    &admin,
+                    "wasm-operator",
+                    "wasm-operator",
+                    server.as_deref(),
+                    Some(agent),
+                )
+                .await
+                .unwrap();
+            host::connection::Cluster::connect(config).unwrap()
         }
     };
     let mut a_settings = settings(vec![ns.clone()], "wasm-operator", "replica-a");

@@ -107,6 +107,47 @@ impl Replica {
         );
     }
 
+    /// The TCP connections this replica holds open to the API server: its sockets (by inode,
+    /// from its file descriptors) that `/proc/net/tcp` and `tcp6` list as established to `port`.
+    fn connections_to(&self, port: u16) -> usize {
+        let pid = self.child.id();
+        let sockets: BTreeSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+            .filter_map(|target| {
+                let target = target.to_str()?;
+                Some(
+                    target
+                        .strip_prefix("socket:[")?
+                        .strip_suffix(']')?
+                        .to_owned(),
+                )
+            })
+            .collect();
+        ["tcp", "tcp6"]
+            .iter()
+            .flat_map(|table| {
+                std::fs::read_to_string(format!("/proc/{pid}/net/{table}"))
+                    .unwrap_or_default()
+                    .lines()
+                    .skip(1)
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>()
+            })
+            .filter(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                let remote_port = fields
+                    .get(2)
+                    .and_then(|a| a.rsplit(':').next())
+                    .and_then(|p| u16::from_str_radix(p, 16).ok());
+                // State 01 is ESTABLISHED; field 9 the socket's inode.
+                remote_port == Some(port)
+                    && fields.get(3) == Some(&"01")
+                    && fields.get(9).is_some_and(|inode| sockets.contains(*inode))
+            })
+            .count()
+    }
+
     fn logs(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
@@ -450,6 +491,32 @@ async fn a_killed_replicas_shard_is_taken_over_and_the_other_shard_never_notices
         let shard = if label { 0 } else { sharding.of(ns, owner) };
         assert_eq!(w.by, holder(shard), "{w:?}");
     }
+
+    // Each replica reaches the API server over three connections (`host::connection`): HTTP/2
+    // for its requests, HTTP/2 for its watches (its shard's served and child Kinds, the Leases,
+    // and for shard 0's holder each served Kind's labelling: fewer than 50), and HTTP/1.1 for
+    // its Leases' reads and writes. Over HTTP/1.1 alone each watch and each concurrent request
+    // held one of its own (31 and 32 here).
+    let port = cp
+        .server()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse::<u16>().ok())
+        .unwrap();
+    // (A connection opened at the start, in a race to be the HTTP/2 one, closes once lost.)
+    eventually_or(
+        "each replica to hold three connections to the API server",
+        Duration::from_secs(10),
+        || a.connections_to(port) == 3 && b.connections_to(port) == 3,
+        || {
+            format!(
+                "replica-a holds {}, replica-b {}",
+                a.connections_to(port),
+                b.connections_to(port)
+            )
+        },
+    )
+    .await;
 
     // A resource whose label the API server refuses is served by no replica, and says why.
     apply(cp, ns, &service("refused", 2));

@@ -711,7 +711,8 @@ impl ControlPlane {
         Ok(kube::Client::try_from(config)?)
     }
 
-    async fn admin_config(&self) -> Result<kube::Config> {
+    /// What [`Self::client`] connects with, for a client built otherwise.
+    pub async fn admin_config(&self) -> Result<kube::Config> {
         let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig)
             .map_err(|e| Error::Kubeconfig(e.to_string()))?;
         kube::Config::from_custom_kubeconfig(
@@ -788,6 +789,21 @@ impl ControlPlane {
         server: Option<&str>,
         user_agent: Option<&str>,
     ) -> Result<kube::Client> {
+        let config = self
+            .service_account_config_via(admin, namespace, name, server, user_agent)
+            .await?;
+        Ok(kube::Client::try_from(config)?)
+    }
+
+    /// What [`Self::service_account_client_via`] connects with, for a client built otherwise.
+    pub async fn service_account_config_via(
+        &self,
+        admin: &kube::Client,
+        namespace: &str,
+        name: &str,
+        server: Option<&str>,
+        user_agent: Option<&str>,
+    ) -> Result<kube::Config> {
         let token = self.service_account_token(admin, namespace, name).await?;
         let mut config = self.admin_config().await?;
         config.auth_info = kube::config::AuthInfo {
@@ -805,7 +821,7 @@ impl ControlPlane {
                 http::HeaderValue::from_str(agent).map_err(|e| Error::Kubeconfig(e.to_string()))?,
             ));
         }
-        Ok(kube::Client::try_from(config)?)
+        Ok(config)
     }
 
     /// A TCP proxy on loopback in front of the API server, which a test can cut.

@@ -187,7 +187,8 @@ pub(crate) fn serve(
     prefetched: BTreeMap<String, Prepared>,
 ) -> (tokio::task::JoinHandle<()>, FirstListDone) {
     let ar = api_resource();
-    let api: Api<DynamicObject> = Api::all_with(shared.client.clone(), &ar);
+    let place = shared.watches.place();
+    let api: Api<DynamicObject> = Api::all_with(place.client(), &ar);
     let writer = reflector::store::Writer::<DynamicObject>::new(ar);
     let store = writer.as_reader();
     let (first_list, done) = FirstList::new();
@@ -210,6 +211,8 @@ pub(crate) fn serve(
         retry,
     };
     let task = tokio::spawn(async move {
+        // The watch's place on its connection, held while the watch is.
+        let _place = place;
         enum Item {
             Event(Box<Result<watcher::Event<DynamicObject>, watcher::Error>>),
             Retry(String),

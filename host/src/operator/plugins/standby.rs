@@ -21,16 +21,18 @@ pub(crate) struct Standby {
 impl Standby {
     /// Starts making the Plugins ready.
     pub(crate) fn start(
-        client: kube::Client,
+        watches: &crate::connection::Watches,
         live: Live,
         ctx: Context,
         metrics: Arc<crate::operator::Metrics>,
     ) -> Self {
         let ready: Arc<std::sync::Mutex<BTreeMap<String, Prepared>>> = Arc::default();
-        let api: Api<DynamicObject> = Api::all_with(client, &api_resource());
+        let place = watches.place();
+        let api: Api<DynamicObject> = Api::all_with(place.client(), &api_resource());
         let events = watcher(api, watch_config()).default_backoff();
         let shared = ready.clone();
         let task = tokio::spawn(async move {
+            let _place = place;
             let mut events = std::pin::pin!(events);
             // Each Plugin is prepared on its own task, so a silent registry holds back only its
             // own Plugins; the tasks are owned by a set, so they stop with this one.

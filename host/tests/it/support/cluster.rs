@@ -146,16 +146,17 @@ pub(crate) struct Operator {
 
 impl Operator {
     /// An operator watching `namespace` alone, serving the built-in plugins under `group` and
-    /// the plugins at `extra`, with leader election on a Lease in that namespace.
+    /// the plugins at `extra`, with leader election on a Lease in that namespace; connected as
+    /// `host run` connects (`host::connection`).
     pub(crate) async fn start(
         cp: &ControlPlane,
         namespace: &str,
         group: &str,
         extra: &[PathBuf],
     ) -> Self {
-        let client = cp.client().await.unwrap();
+        let cluster = host::connection::Cluster::connect(cp.admin_config().await.unwrap()).unwrap();
         Self::start_with(
-            client,
+            cluster,
             Some(namespace),
             namespace,
             &format!("test-{namespace}"),
@@ -168,7 +169,7 @@ impl Operator {
     /// An operator acting as `client`, watching `watch` (none: every namespace), electing its
     /// leader on a Lease in `lease_namespace` as `identity`.
     pub(crate) async fn start_with(
-        client: kube::Client,
+        client: impl Into<host::connection::Cluster>,
         watch: Option<&str>,
         lease_namespace: &str,
         identity: &str,
@@ -182,7 +183,7 @@ impl Operator {
 
     /// An operator run with `settings` exactly.
     pub(crate) async fn start_settings(
-        client: kube::Client,
+        client: impl Into<host::connection::Cluster>,
         group: &str,
         extra: &[PathBuf],
         settings: host::operator::Settings,
@@ -212,14 +213,14 @@ impl Operator {
 
     /// An operator serving `registry`, run with `settings` exactly.
     pub(crate) fn run(
-        client: kube::Client,
+        client: impl Into<host::connection::Cluster>,
         registry: host::registry::Registry,
         settings: host::operator::Settings,
     ) -> Self {
         let metrics = settings.metrics_addr;
         let (tx, rx) = tokio::sync::oneshot::channel();
         let task = tokio::spawn(host::operator::run(
-            client,
+            client.into(),
             registry,
             settings,
             async move {
