@@ -391,24 +391,41 @@ impl ClusterArgs {
     /// cluster has answered (its version): a cluster that cannot be reached is said before the
     /// command starts, with its address.
     pub async fn client(&self, agent: Option<&str>) -> Result<kube::Client, Error> {
-        Ok(self.cluster(agent).await?.client)
+        let config = self.agent_config(agent).await?;
+        let server = config.cluster_url.to_string();
+        let client = crate::connection::client(config).map_err(Error::Cluster)?;
+        reachable(&client, server).await?;
+        Ok(client)
     }
 
-    /// [`Self::client`], and the connections of the watches an operator makes.
+    /// [`Self::client`], with a client for the Leases and the connections of the watches, as
+    /// `host run` needs them.
     pub async fn cluster(&self, agent: Option<&str>) -> Result<crate::connection::Cluster, Error> {
+        let config = self.agent_config(agent).await?;
+        let server = config.cluster_url.to_string();
+        let cluster = crate::connection::Cluster::connect(config).map_err(Error::Cluster)?;
+        reachable(&cluster.client, server).await?;
+        Ok(cluster)
+    }
+
+    /// The kubeconfig's config, naming itself `agent` in every request when given.
+    async fn agent_config(&self, agent: Option<&str>) -> Result<kube::Config, Error> {
         let mut config = self.config().await?;
         if let Some(value) = agent.and_then(|a| http::HeaderValue::from_str(a).ok()) {
             config.headers.push((http::header::USER_AGENT, value));
         }
-        let server = config.cluster_url.to_string();
-        let cluster = crate::connection::Cluster::connect(config).map_err(Error::Cluster)?;
-        cluster
-            .client
-            .apiserver_version()
-            .await
-            .map_err(|source| Error::Unreachable { server, source })?;
-        Ok(cluster)
+        Ok(config)
     }
+}
+
+/// Asks the cluster at `server` its version: one that cannot be reached is said before the
+/// command starts, with its address.
+async fn reachable(client: &kube::Client, server: String) -> Result<(), Error> {
+    client
+        .apiserver_version()
+        .await
+        .map_err(|source| Error::Unreachable { server, source })?;
+    Ok(())
 }
 
 /// A namespace name given on the command line.

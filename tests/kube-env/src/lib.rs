@@ -775,27 +775,14 @@ impl ControlPlane {
         namespace: &str,
         name: &str,
     ) -> Result<kube::Client> {
-        self.service_account_client_via(admin, namespace, name, None, None)
-            .await
-    }
-
-    /// As [`ControlPlane::service_account_client`], reaching the API server at `server` (a
-    /// [`Proxy`]'s address, say) and sending `user_agent`, which the audit log records.
-    pub async fn service_account_client_via(
-        &self,
-        admin: &kube::Client,
-        namespace: &str,
-        name: &str,
-        server: Option<&str>,
-        user_agent: Option<&str>,
-    ) -> Result<kube::Client> {
         let config = self
-            .service_account_config_via(admin, namespace, name, server, user_agent)
+            .service_account_config_via(admin, namespace, name, None, None)
             .await?;
         Ok(kube::Client::try_from(config)?)
     }
 
-    /// What [`Self::service_account_client_via`] connects with, for a client built otherwise.
+    /// What [`Self::service_account_client`] connects with, reaching the API server at `server`
+    /// (a [`Proxy`]'s address, say) and sending `user_agent`, which the audit log records.
     pub async fn service_account_config_via(
         &self,
         admin: &kube::Client,
