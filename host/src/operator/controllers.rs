@@ -74,11 +74,14 @@ impl Controllers {
             let (later_tx, later_rx) = mpsc::unbounded();
             let settling =
                 super::settling::Settling::new(ar.clone(), later_tx, shared.synced.subscribe());
+            let writer = reflector::store::Writer::<Served>::new(ar.clone());
+            let reader = writer.as_reader();
             let ctx = Arc::new(KindCtx {
                 shared: shared.clone(),
                 ar: ar.clone(),
                 controller: controller.clone(),
                 settling: settling.clone(),
+                store: reader.clone(),
             });
             let (tx, rx) = mpsc::unbounded();
             lock(&shared.owners)
@@ -127,14 +130,13 @@ impl Controllers {
             // annotations), not when only its status does: most of its updates are our own
             // status writes. Children's events, resyncs and retries reach it through the
             // scheduler.
-            let writer = reflector::store::Writer::<Served>::new(ar.clone());
-            let reader = writer.as_reader();
             let (first_list, done) = FirstList::new();
             let health = (shared.metrics.clone(), watch.clone());
             let (queue, queue_name) = (shared.metrics.clone(), controller.clone());
             let (forget, forget_name) = (shared.metrics.clone(), controller.clone());
             let shard = shared.shard;
             let (lists, admits) = (settling.clone(), settling.clone());
+            let (reports, reports_name) = (shared.clone(), controller.clone());
             let trigger = reflector::reflector(
                 writer,
                 watcher(api, owners_config(settings)).modify(move |o| {
@@ -150,10 +152,24 @@ impl Controllers {
                     let key = reconcile::queue_key(o);
                     lists.started(&key);
                     forget.forgotten(&forget_name, &key);
+                    reports.reports.saw(&report::key(&reports_name, o), None);
+                }
+                Ok(
+                    kube::runtime::watcher::Event::Apply(o)
+                    | kube::runtime::watcher::Event::InitApply(o),
+                ) => {
+                    // Our status writes, as the store now has them (`Reports::newest_status`).
+                    reports.reports.saw(
+                        &report::key(&reports_name, o),
+                        o.metadata.resource_version.as_deref(),
+                    );
                 }
                 Ok(kube::runtime::watcher::Event::Init) => lists.listing(),
-                Ok(kube::runtime::watcher::Event::InitDone) => lists.listed(),
-                _ => {}
+                Ok(kube::runtime::watcher::Event::InitDone) => {
+                    lists.listed();
+                    reports.reports.relisted(&reports_name);
+                }
+                Err(_) => {}
             })
             .default_backoff()
             .applied_objects()

@@ -10,6 +10,11 @@
 //! generation is `InProgress` to kstatus readers meanwhile, which is what it is. Events are
 //! written in order.
 //!
+//! A resource has one status write in flight at a time (two could land in either order), and
+//! a status written counts as the resource's current one until the watch shows it
+//! ([`Reports::newest_status`]): a reconciliation in between would otherwise compare what it
+//! finds with the status before, and skip the write that says so.
+//!
 //! Applies come first: while a namespace has children being applied (a burst after a start or
 //! an upgrade), its reports give way, so that they do not compete with the applies for the API
 //! server: on 10,000 Services the children were all applied in 1.05 times the bare loop's
@@ -78,6 +83,15 @@ pub(crate) struct Key {
     pub name: String,
 }
 
+/// The key of the resource `o` of `controller`.
+pub(crate) fn key(controller: &str, o: &kube::api::DynamicObject) -> Key {
+    Key {
+        controller: controller.to_owned(),
+        namespace: o.metadata.namespace.clone().unwrap_or_default(),
+        name: o.metadata.name.clone().unwrap_or_default(),
+    }
+}
+
 impl std::fmt::Display for Key {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{}/{}", self.controller, self.namespace, self.name)
@@ -114,6 +128,29 @@ struct Queue {
     turn: String,
     /// Shutting down: nothing waits for applies.
     flushing: bool,
+    /// The statuses being written, and those written that the watch has not shown yet.
+    writing: BTreeMap<Arc<Key>, Written>,
+}
+
+/// A status being written, or written and not yet shown by the watch: until the watch shows
+/// it, it is newer than the watch's copy of its resource. A reconciliation in that window that
+/// compared its status with the watch's copy would take a status already replaced for the
+/// current one, and skip the write that says what is current (session 32: a resource left
+/// saying "7/3 available" after its Deployment was back at 3, until something else changed).
+#[derive(Debug)]
+struct Written {
+    status: Box<RawValue>,
+    /// The resourceVersion the write returned; `None` while it is in flight.
+    resource_version: Option<String>,
+    /// The resourceVersions the watch showed of the resource while the write was in flight
+    /// (the watch may show the write before its answer arrives).
+    seen: Vec<String>,
+}
+
+impl Written {
+    fn status(&self) -> Option<Value> {
+        serde_json::from_str(self.status.get()).ok()
+    }
 }
 
 impl Queue {
@@ -150,6 +187,8 @@ impl Queue {
     /// Queues `write` again after it failed, with backoff; a newer status that replaced it
     /// meanwhile is written instead, with the same backoff.
     fn retry_status(&mut self, key: Arc<Key>, write: StatusWrite, now: Instant) {
+        // Not written: the watch's copy is as current as it was.
+        self.writing.remove(&key);
         let failures = write.failures + 1;
         let not_before = now + retry_after(failures);
         match self.statuses.get_mut(&key) {
@@ -194,6 +233,15 @@ impl Queue {
                 let Some(w) = self.statuses.get(key) else {
                     continue;
                 };
+                // One write of a resource's status at a time: two in flight could land in
+                // either order, the older last. Its turn comes when the one in flight ends.
+                if self
+                    .writing
+                    .get(key)
+                    .is_some_and(|w| w.resource_version.is_none())
+                {
+                    continue;
+                }
                 if waiting && w.asked + MAX_DEFER > now {
                     // Those after it were asked later (`push_status` keeps them in that order).
                     sooner(w.asked + MAX_DEFER);
@@ -223,6 +271,14 @@ impl Queue {
                 let key = self.order.get_mut(&namespace).and_then(|k| k.remove(i));
                 key.and_then(|key| {
                     let write = self.statuses.remove(&key)?;
+                    self.writing.insert(
+                        key.clone(),
+                        Written {
+                            status: write.status.clone(),
+                            resource_version: None,
+                            seen: Vec::new(),
+                        },
+                    );
                     Some(Work::Status(key, write))
                 })
             }
@@ -250,6 +306,52 @@ impl Queue {
 
     fn is_empty(&self) -> bool {
         self.statuses.is_empty() && self.event_count == 0
+    }
+
+    /// The write of `key`'s status ended: written at `resource_version`, or not written
+    /// (failed, to be retried from the queue; or the resource is gone).
+    fn wrote(&mut self, key: &Key, resource_version: Option<String>) {
+        let Some(w) = self.writing.get_mut(key) else {
+            return;
+        };
+        match resource_version {
+            Some(rv) if !w.seen.contains(&rv) => {
+                w.resource_version = Some(rv);
+                w.seen = Vec::new();
+            }
+            _ => {
+                self.writing.remove(key);
+            }
+        }
+    }
+
+    /// The status `key` has or is about to have, if newer than the watch's copy of it, which
+    /// is at `resource_version`.
+    fn newest_status(&mut self, key: &Key, resource_version: Option<&str>) -> Option<Value> {
+        if let Some(w) = self.statuses.get(key) {
+            return serde_json::from_str(w.status.get()).ok();
+        }
+        let w = self.writing.get(key)?;
+        if w.resource_version.is_some() && w.resource_version.as_deref() == resource_version {
+            // The watch's copy has it.
+            self.writing.remove(key);
+            return None;
+        }
+        w.status()
+    }
+
+    /// The watch showed `key` at `resource_version`.
+    fn saw(&mut self, key: &Key, resource_version: &str) {
+        let Some(w) = self.writing.get_mut(key) else {
+            return;
+        };
+        match &w.resource_version {
+            None => w.seen.push(resource_version.to_owned()),
+            Some(rv) if rv == resource_version => {
+                self.writing.remove(key);
+            }
+            Some(_) => {}
+        }
     }
 }
 
@@ -398,13 +500,30 @@ impl Reports {
         self.pending.set(i64::try_from(total).unwrap_or(i64::MAX));
     }
 
-    /// The status most recently asked for and not yet written, if any: newer than what the
-    /// watch shows.
-    pub(crate) fn pending_status(&self, key: &Key) -> Option<Value> {
+    /// The status most recently asked for that the watch's copy of the resource, at
+    /// `resource_version`, does not show yet (queued, being written, or written and its echo
+    /// still to come), if any.
+    pub(crate) fn newest_status(&self, key: &Key, resource_version: Option<&str>) -> Option<Value> {
+        lock(&self.queue).newest_status(key, resource_version)
+    }
+
+    /// The watch showed the resource `key` at `resource_version` (`None`: deleted).
+    pub(crate) fn saw(&self, key: &Key, resource_version: Option<&str>) {
+        let mut queue = lock(&self.queue);
+        match resource_version {
+            Some(rv) => queue.saw(key, rv),
+            None => {
+                queue.writing.remove(key);
+            }
+        }
+    }
+
+    /// The watch of `controller`'s resources listed again: what it has is newer than any
+    /// status written before, whose echo it may have skipped.
+    pub(crate) fn relisted(&self, controller: &str) {
         lock(&self.queue)
-            .statuses
-            .get(key)
-            .and_then(|w| serde_json::from_str(w.status.get()).ok())
+            .writing
+            .retain(|k, w| k.controller != controller || w.resource_version.is_none());
     }
 
     /// Asks for `status` to be written for the resource `key` (of `ar`), replacing any status
@@ -466,7 +585,9 @@ impl Reports {
             work.as_mut().enable();
             match self.next() {
                 Ok(Work::Status(key, write)) => {
-                    if let Err(e) = self.write_status(&key, &write, metrics).await {
+                    let written = self.write_status(&key, &write, metrics).await;
+                    lock(&self.queue).wrote(&key, written.as_ref().ok().cloned().flatten());
+                    if let Err(e) = written {
                         metrics
                             .report_errors
                             .get_or_create(&WriteLabels {
@@ -527,7 +648,7 @@ impl Reports {
         key: &Key,
         write: &StatusWrite,
         metrics: &Metrics,
-    ) -> Result<(), kube::Error> {
+    ) -> Result<Option<String>, kube::Error> {
         if !self.fence.allows() {
             return Err(super::not_leading());
         }
@@ -549,8 +670,8 @@ impl Reports {
             .await
         {
             // The resource is gone: nothing to report on.
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            other => other.map(drop),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+            other => other.map(|o| o.metadata.resource_version),
         }
     }
 
@@ -644,6 +765,73 @@ mod tests {
             Ok(Work::Event(..)) => panic!("an event, not a status"),
             Err(e) => panic!("nothing due: {e:?}"),
         }
+    }
+
+    #[test]
+    fn a_resource_has_one_status_write_in_flight_at_a_time() {
+        let mut q = Queue::default();
+        let now = Instant::now();
+        q.push_status(key("a"), write("first", now));
+        assert_eq!(popped_status(&mut q, now, &none()).1, "first");
+        // Asked again while the first is written: it waits for that write to end.
+        q.push_status(key("a"), write("second", now));
+        q.push_status(key("b"), write("other", now));
+        assert_eq!(popped_status(&mut q, now, &none()).0, "b");
+        assert!(matches!(q.pop(now, &none()), Err(None)));
+        q.wrote(&key("a"), Some("5".into()));
+        assert_eq!(popped_status(&mut q, now, &none()).1, "second");
+    }
+
+    #[test]
+    fn a_written_status_is_the_current_one_until_the_watch_shows_it() {
+        let mut q = Queue::default();
+        let now = Instant::now();
+        let message = |v: Option<Value>| v.map(|v| v["message"].clone());
+        q.push_status(key("a"), write("ready", now));
+        assert_eq!(
+            message(q.newest_status(&key("a"), Some("4"))),
+            Some(json!("ready"))
+        );
+        popped_status(&mut q, now, &none());
+        // In flight, then written at 5: the watch's copy at 4 is older.
+        assert_eq!(
+            message(q.newest_status(&key("a"), Some("4"))),
+            Some(json!("ready"))
+        );
+        q.wrote(&key("a"), Some("5".into()));
+        assert_eq!(
+            message(q.newest_status(&key("a"), Some("4"))),
+            Some(json!("ready"))
+        );
+        q.saw(&key("a"), "4");
+        assert_eq!(
+            message(q.newest_status(&key("a"), Some("4"))),
+            Some(json!("ready"))
+        );
+        // The watch shows it: its copy is current again.
+        q.saw(&key("a"), "5");
+        assert_eq!(q.newest_status(&key("a"), Some("4")), None);
+        assert!(q.writing.is_empty());
+
+        // The watch shows the write before its answer comes back.
+        q.push_status(key("a"), write("echoed", now));
+        popped_status(&mut q, now, &none());
+        q.saw(&key("a"), "6");
+        q.wrote(&key("a"), Some("6".into()));
+        assert!(q.writing.is_empty());
+
+        // A reconciliation of the object at the written version finds it current.
+        q.push_status(key("a"), write("read back", now));
+        popped_status(&mut q, now, &none());
+        q.wrote(&key("a"), Some("7".into()));
+        assert_eq!(q.newest_status(&key("a"), Some("7")), None);
+        assert!(q.writing.is_empty());
+
+        // A failed write leaves the watch's copy current (the retry is queued again).
+        q.push_status(key("a"), write("failed", now));
+        popped_status(&mut q, now, &none());
+        q.wrote(&key("a"), None);
+        assert_eq!(q.newest_status(&key("a"), Some("7")), None);
     }
 
     #[test]
@@ -749,6 +937,7 @@ mod tests {
             popped_status(&mut q, now, &none()),
             ("a".into(), json!("ready"))
         );
+        q.wrote(&key("a"), Some("1".into()));
         assert!(matches!(q.pop(now, &none()), Ok(Work::Event(_))));
         assert!(matches!(q.pop(now, &none()), Err(None)));
         // Or they do not, and the reports stop waiting MAX_DEFER after they were asked;

@@ -206,6 +206,9 @@ pub(crate) struct KindCtx {
     pub controller: String,
     /// The settled resources its watch's lists hold back (see `settling`).
     pub settling: Arc<super::settling::Settling>,
+    /// What its watch has seen of its resources: a reconciliation's copy is what it was when
+    /// the reconciliation began.
+    pub store: kube::runtime::reflector::Store<super::Served>,
 }
 
 impl KindCtx {

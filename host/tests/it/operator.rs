@@ -138,6 +138,22 @@ async fn a_service_lives_its_whole_life() {
     .await;
     op.quiet().await;
     let before = op.writes_by_kind();
+    let seen = |what: &str| get(cp, &ns, what).map(|o| o["status"].to_string());
+    let status_before = (seen("services.hanzo.ai/web"), seen("deployment/web"));
+    // Quiet, and web's status says what its Deployment says now (a status write whose echo
+    // had not come back through the watch once left "7/3 available" there, the status that
+    // said 3/3 counted as written).
+    let web = get(cp, &ns, "services.hanzo.ai/web").unwrap();
+    let deployment = web["status"]["children"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["kind"] == "Deployment");
+    assert_eq!(
+        deployment.map(|c| c["message"].clone()),
+        Some(Value::from("3/3 available")),
+        "web's and its Deployment's status: {status_before:#?}"
+    );
     op.reconciles("services.hanzo.ai", || {
         kubectl_ok(
             cp,
@@ -155,7 +171,9 @@ async fn a_service_lives_its_whole_life() {
     assert_eq!(
         op.writes_by_kind(),
         before,
-        "writes during a quiet period (an annotation no render reads)"
+        "writes during a quiet period (an annotation no render reads); web's and its \
+         Deployment's status before: {status_before:#?}, after: {:#?}",
+        (seen("services.hanzo.ai/web"), seen("deployment/web"))
     );
     let metrics = op.scrape();
     for name in [

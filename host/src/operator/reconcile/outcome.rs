@@ -155,12 +155,22 @@ pub(super) fn warn_of(ctx: &KindCtx, regarding: &kube::api::ObjectMeta, problem:
     );
 }
 
-/// The status `obj` has or is about to have: one not yet written is newer than the watch's.
+/// The status `obj` has or is about to have: one not yet written, or written and not yet shown
+/// by the watch, is newer than the watch's; and the watch's copy now is newer than `obj`, the
+/// copy the reconciliation began with (a status written meanwhile, by an earlier
+/// reconciliation, may have come back through the watch since).
 pub(super) fn current_status(ctx: &KindCtx, obj: &DynamicObject) -> Option<Value> {
+    let mut at = kube::runtime::reflector::ObjectRef::new_with(&obj.name_any(), ctx.ar.clone());
+    at.namespace = obj.metadata.namespace.clone();
+    let now = ctx.store.get(&at);
+    let latest: &DynamicObject = now.as_deref().map_or(obj, |o| &o.0);
     ctx.shared
         .reports
-        .pending_status(&report_key(ctx, obj))
-        .or_else(|| crate::ownership::stored(obj, "status"))
+        .newest_status(
+            &report_key(ctx, obj),
+            latest.metadata.resource_version.as_deref(),
+        )
+        .or_else(|| crate::ownership::stored(latest, "status"))
 }
 
 /// The message of the `Ready` condition of `status`.
@@ -178,11 +188,7 @@ pub(super) fn condition_message<'a>(status: Option<&'a Value>, type_: &str) -> &
 }
 
 pub(super) fn report_key(ctx: &KindCtx, obj: &DynamicObject) -> Key {
-    Key {
-        controller: ctx.controller.clone(),
-        namespace: obj.namespace().unwrap_or_default(),
-        name: obj.name_any(),
-    }
+    crate::operator::report::key(&ctx.controller, obj)
 }
 
 /// Asks for the status `outcome` says to be written when it differs from `current` (see
