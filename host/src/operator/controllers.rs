@@ -137,6 +137,8 @@ impl Controllers {
             let shard = shared.shard;
             let (lists, admits) = (settling.clone(), settling.clone());
             let (reports, reports_name) = (shared.clone(), controller.clone());
+            let (relisted_store, relisted_scope, relisted_ar) =
+                (reader.clone(), scope.clone(), ar.clone());
             let trigger = reflector::reflector(
                 writer,
                 watcher(api, owners_config(settings)).modify(move |o| {
@@ -154,11 +156,9 @@ impl Controllers {
                     forget.forgotten(&forget_name, &key);
                     reports.reports.saw(&report::key(&reports_name, o), None);
                 }
-                Ok(
-                    kube::runtime::watcher::Event::Apply(o)
-                    | kube::runtime::watcher::Event::InitApply(o),
-                ) => {
-                    // Our status writes, as the store now has them (`Reports::newest_status`).
+                // Our status writes, as the store now has them (`Reports::newest_status`). A
+                // list's objects reach the store together, at its end.
+                Ok(kube::runtime::watcher::Event::Apply(o)) => {
                     reports.reports.saw(
                         &report::key(&reports_name, o),
                         o.metadata.resource_version.as_deref(),
@@ -167,8 +167,18 @@ impl Controllers {
                 Ok(kube::runtime::watcher::Event::Init) => lists.listing(),
                 Ok(kube::runtime::watcher::Event::InitDone) => {
                     lists.listed();
-                    reports.reports.relisted(&reports_name);
+                    reports
+                        .reports
+                        .relisted(&reports_name, relisted_scope.as_deref(), |k| {
+                            let mut at =
+                                reflector::ObjectRef::new_with(&k.name, relisted_ar.clone());
+                            if !k.namespace.is_empty() {
+                                at = at.within(&k.namespace);
+                            }
+                            relisted_store.get(&at)?.metadata.resource_version.clone()
+                        });
                 }
+                Ok(kube::runtime::watcher::Event::InitApply(_)) => {}
                 Err(_) => {}
             })
             .default_backoff()

@@ -143,7 +143,11 @@ impl Observed {
         let name = lease.metadata.name.clone().unwrap_or_default();
         let since = match self.0.get(&name) {
             Some((r, at)) if *r == record => *at,
-            _ => now,
+            _ => {
+                tracing::debug!(lease = %name, holder = ?record.holder, renewed = ?record.renew,
+                    "a Lease seen changed");
+                now
+            }
         };
         let holder = record.holder.clone();
         self.0.insert(name, (record, since));

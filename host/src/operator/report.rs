@@ -145,6 +145,9 @@ struct Written {
     /// The resourceVersions the watch showed of the resource while the write was in flight
     /// (the watch may show the write before its answer arrives).
     seen: Vec<String>,
+    /// The watch showed the resource deleted while the write was in flight: the write is no
+    /// resource's status, but the next one (of a resource made again) still waits for its end.
+    gone: bool,
 }
 
 impl Written {
@@ -277,6 +280,7 @@ impl Queue {
                             status: write.status.clone(),
                             resource_version: None,
                             seen: Vec::new(),
+                            gone: false,
                         },
                     );
                     Some(Work::Status(key, write))
@@ -315,7 +319,7 @@ impl Queue {
             return;
         };
         match resource_version {
-            Some(rv) if !w.seen.contains(&rv) => {
+            Some(rv) if !w.gone && !w.seen.contains(&rv) => {
                 w.resource_version = Some(rv);
                 w.seen = Vec::new();
             }
@@ -331,13 +335,42 @@ impl Queue {
         if let Some(w) = self.statuses.get(key) {
             return serde_json::from_str(w.status.get()).ok();
         }
-        let w = self.writing.get(key)?;
+        let w = self.writing.get(key).filter(|w| !w.gone)?;
         if w.resource_version.is_some() && w.resource_version.as_deref() == resource_version {
             // The watch's copy has it.
             self.writing.remove(key);
             return None;
         }
         w.status()
+    }
+
+    /// The watch showed `key` deleted.
+    fn saw_deleted(&mut self, key: &Key) {
+        match self.writing.get_mut(key) {
+            Some(w) if w.resource_version.is_none() => w.gone = true,
+            Some(_) => {
+                self.writing.remove(key);
+            }
+            None => {}
+        }
+    }
+
+    /// See [`Reports::relisted`].
+    fn relisted(
+        &mut self,
+        controller: &str,
+        scope: Option<&str>,
+        version_in_store: impl Fn(&Key) -> Option<String>,
+    ) {
+        self.writing.retain(|k, w| {
+            let Some(written) = &w.resource_version else {
+                return true;
+            };
+            if k.controller != controller || scope.is_some_and(|ns| ns != k.namespace) {
+                return true;
+            }
+            version_in_store(k).is_some_and(|rv| rv != *written)
+        });
     }
 
     /// The watch showed `key` at `resource_version`.
@@ -507,23 +540,30 @@ impl Reports {
         lock(&self.queue).newest_status(key, resource_version)
     }
 
-    /// The watch showed the resource `key` at `resource_version` (`None`: deleted).
+    /// The watch showed the resource `key` at `resource_version` (`None`: deleted), its store
+    /// updated.
     pub(crate) fn saw(&self, key: &Key, resource_version: Option<&str>) {
         let mut queue = lock(&self.queue);
         match resource_version {
             Some(rv) => queue.saw(key, rv),
-            None => {
-                queue.writing.remove(key);
-            }
+            None => queue.saw_deleted(key),
         }
     }
 
-    /// The watch of `controller`'s resources listed again: what it has is newer than any
-    /// status written before, whose echo it may have skipped.
-    pub(crate) fn relisted(&self, controller: &str) {
-        lock(&self.queue)
-            .writing
-            .retain(|k, w| k.controller != controller || w.resource_version.is_none());
+    /// The watch of `controller`'s resources in `scope` (a namespace, or all) listed again,
+    /// and its store holds what the list found, which may have skipped a write's echo:
+    /// `version_in_store` of each written status's resource says whether the store has it
+    /// (at that resourceVersion, or the resource is gone). One the store does not show at that
+    /// version may be older (the echo is still to come) or newer (the echo was skipped), and is
+    /// kept until the next write, the resource's deletion, or a reconciliation that finds the
+    /// store at it.
+    pub(crate) fn relisted(
+        &self,
+        controller: &str,
+        scope: Option<&str>,
+        version_in_store: impl Fn(&Key) -> Option<String>,
+    ) {
+        lock(&self.queue).relisted(controller, scope, version_in_store);
     }
 
     /// Asks for `status` to be written for the resource `key` (of `ar`), replacing any status
@@ -586,7 +626,16 @@ impl Reports {
             match self.next() {
                 Ok(Work::Status(key, write)) => {
                     let written = self.write_status(&key, &write, metrics).await;
-                    lock(&self.queue).wrote(&key, written.as_ref().ok().cloned().flatten());
+                    let failures = write.failures + 1;
+                    {
+                        // Under one lock: the next write of this resource waits for this one's
+                        // end, its retry included.
+                        let mut queue = lock(&self.queue);
+                        match &written {
+                            Ok(rv) => queue.wrote(&key, rv.clone()),
+                            Err(_) => queue.retry_status(key.clone(), write, Instant::now()),
+                        }
+                    }
                     if let Err(e) = written {
                         metrics
                             .report_errors
@@ -596,8 +645,7 @@ impl Reports {
                             })
                             .inc();
                         tracing::warn!(resource = %key,
-                            "status not written, retrying in {:?}: {e}", retry_after(write.failures + 1));
-                        lock(&self.queue).retry_status(key, write, Instant::now());
+                            "status not written, retrying in {:?}: {e}", retry_after(failures));
                         // Counted again below, once the write is no longer in flight.
                     }
                 }
@@ -827,11 +875,72 @@ mod tests {
         assert_eq!(q.newest_status(&key("a"), Some("7")), None);
         assert!(q.writing.is_empty());
 
-        // A failed write leaves the watch's copy current (the retry is queued again).
+        // A failed write is queued again, and still the newest status.
         q.push_status(key("a"), write("failed", now));
+        let Ok(Work::Status(k, w)) = q.pop(now, &none()) else {
+            panic!("the status is due");
+        };
+        q.retry_status(k, w, now);
+        assert!(q.writing.is_empty());
+        assert_eq!(
+            message(q.newest_status(&key("a"), Some("7"))),
+            Some(json!("failed"))
+        );
+        // A newer status asked for while a write fails is the one written after it, alone.
+        assert_eq!(popped_status(&mut q, now + RETRY, &none()).1, "failed");
+        q.push_status(key("a"), write("newer", now));
+        assert!(matches!(q.pop(now + RETRY, &none()), Err(None)));
+        let failed = write("failed", now);
+        q.retry_status(key("a"), failed, now + RETRY);
+        assert_eq!(popped_status(&mut q, now + 4 * RETRY, &none()).1, "newer");
+        assert!(matches!(q.pop(now + 4 * RETRY, &none()), Err(None)));
+    }
+
+    #[test]
+    fn a_resource_deleted_while_its_status_is_written_waits_for_that_write() {
+        let mut q = Queue::default();
+        let now = Instant::now();
+        q.push_status(key("a"), write("old", now));
         popped_status(&mut q, now, &none());
-        q.wrote(&key("a"), None);
-        assert_eq!(q.newest_status(&key("a"), Some("7")), None);
+        q.saw_deleted(&key("a"));
+        // Made again under the same name: the watch's copy is its status, and its first
+        // status waits for the old write's end.
+        assert_eq!(q.newest_status(&key("a"), Some("9")), None);
+        q.push_status(key("a"), write("new", now));
+        assert!(matches!(q.pop(now, &none()), Err(None)));
+        q.wrote(&key("a"), Some("8".into()));
+        assert!(q.writing.is_empty());
+        assert_eq!(popped_status(&mut q, now, &none()).1, "new");
+    }
+
+    #[test]
+    fn a_relist_drops_the_writes_its_store_shows() {
+        let reports_queue = |q: &mut Queue, name: &str, rv: &str| {
+            q.push_status(key(name), write(name, Instant::now()));
+            popped_status(q, Instant::now(), &none());
+            q.wrote(&key(name), Some(rv.into()));
+        };
+        let mut q = Queue::default();
+        reports_queue(&mut q, "shown", "5");
+        reports_queue(&mut q, "gone", "6");
+        reports_queue(&mut q, "unclear", "8");
+        q.push_status(key("flying"), write("flying", Instant::now()));
+        popped_status(&mut q, Instant::now(), &none());
+        // A write of another namespace's (another watch's) resource is left to that watch.
+        let elsewhere = key_in("other", "elsewhere");
+        q.push_status(elsewhere.clone(), write("elsewhere", Instant::now()));
+        popped_status(&mut q, Instant::now(), &none());
+        q.wrote(&elsewhere, Some("9".into()));
+        let store = |k: &Key| match k.name.as_str() {
+            "shown" => Some("5".to_owned()),
+            "unclear" | "flying" => Some("3".to_owned()),
+            _ => None,
+        };
+        q.relisted("services.hanzo.ai", Some("ns"), store);
+        let left: Vec<&str> = q.writing.keys().map(|k| k.name.as_str()).collect();
+        // Shown at its version, or gone: dropped. At another version (older or newer, the
+        // store cannot say), in flight, or of another namespace: kept.
+        assert_eq!(left, ["flying", "unclear", "elsewhere"]);
     }
 
     #[test]

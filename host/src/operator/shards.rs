@@ -879,6 +879,12 @@ async fn release(api: &Api<Lease>, name: &str, identity: &str) {
     }
 }
 
+/// How long ago `lease` was renewed, by this machine's clock.
+fn renewed_ago(lease: &Lease) -> Option<k8s_openapi::jiff::SignedDuration> {
+    let renewed = lease.spec.as_ref()?.renew_time.as_ref()?.0;
+    Some(k8s_openapi::jiff::Timestamp::now().duration_since(renewed))
+}
+
 /// Tells the campaign of each change to this operator's Leases (those labelled with `selector`)
 /// as the API server sends it. The rounds' lists go on regardless: should the watch fail (a Role
 /// from before it, without `watch`), renewals are seen as they were, up to a [`RETRY`] late.
@@ -901,6 +907,8 @@ async fn watch_leases(
         match change {
             Ok(lease) => {
                 failing = false;
+                tracing::debug!(lease = %lease.name_any(), lag = ?renewed_ago(&lease),
+                    "the watch showed a Lease");
                 if ctl.send(Ctl::Seen(Box::new(lease))).is_err() {
                     return;
                 }

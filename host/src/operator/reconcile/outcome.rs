@@ -162,15 +162,18 @@ pub(super) fn warn_of(ctx: &KindCtx, regarding: &kube::api::ObjectMeta, problem:
 pub(super) fn current_status(ctx: &KindCtx, obj: &DynamicObject) -> Option<Value> {
     let mut at = kube::runtime::reflector::ObjectRef::new_with(&obj.name_any(), ctx.ar.clone());
     at.namespace = obj.metadata.namespace.clone();
-    let now = ctx.store.get(&at);
-    let latest: &DynamicObject = now.as_deref().map_or(obj, |o| &o.0);
-    ctx.shared
+    let stored = || ctx.store.get(&at);
+    let version = stored().and_then(|o| o.metadata.resource_version.clone());
+    let newest = ctx
+        .shared
         .reports
-        .newest_status(
-            &report_key(ctx, obj),
-            latest.metadata.resource_version.as_deref(),
-        )
-        .or_else(|| crate::ownership::stored(latest, "status"))
+        .newest_status(&report_key(ctx, obj), version.as_deref());
+    // Else the store's copy, read again: a write's echo that came in between (and took its
+    // status out of the reports) is in it by now.
+    newest.or_else(|| match stored() {
+        Some(now) => crate::ownership::stored(&now, "status"),
+        None => crate::ownership::stored(obj, "status"),
+    })
 }
 
 /// The message of the `Ready` condition of `status`.
