@@ -363,13 +363,20 @@ impl Queue {
         version_in_store: impl Fn(&Key) -> Option<String>,
     ) {
         self.writing.retain(|k, w| {
-            let Some(written) = &w.resource_version else {
-                return true;
-            };
             if k.controller != controller || scope.is_some_and(|ns| ns != k.namespace) {
                 return true;
             }
-            version_in_store(k).is_some_and(|rv| rv != *written)
+            let in_store = version_in_store(k);
+            let Some(written) = &w.resource_version else {
+                // In flight: what the list showed counts as seen meanwhile (the write's own
+                // version, or not), and a resource the list did not find is gone.
+                match in_store {
+                    Some(rv) => w.seen.push(rv),
+                    None => w.gone = true,
+                }
+                return true;
+            };
+            in_store.is_some_and(|rv| rv != *written)
         });
     }
 
@@ -551,12 +558,13 @@ impl Reports {
     }
 
     /// The watch of `controller`'s resources in `scope` (a namespace, or all) listed again,
-    /// and its store holds what the list found, which may have skipped a write's echo:
-    /// `version_in_store` of each written status's resource says whether the store has it
-    /// (at that resourceVersion, or the resource is gone). One the store does not show at that
-    /// version may be older (the echo is still to come) or newer (the echo was skipped), and is
-    /// kept until the next write, the resource's deletion, or a reconciliation that finds the
-    /// store at it.
+    /// and its store holds what the list found, which may have skipped a write's echo or a
+    /// deletion: `version_in_store` of each written status's resource says whether the store
+    /// has it (at that resourceVersion, or the resource is gone). One the store does not show at
+    /// that version may be older (the echo is still to come) or newer (the echo was skipped),
+    /// and is kept until the next write, the resource's deletion, or a reconciliation that finds
+    /// the store at it. A write in flight takes the list's version as seen meanwhile, or the
+    /// resource as gone.
     pub(crate) fn relisted(
         &self,
         controller: &str,
@@ -915,15 +923,15 @@ mod tests {
 
     #[test]
     fn a_relist_drops_the_writes_its_store_shows() {
-        let reports_queue = |q: &mut Queue, name: &str, rv: &str| {
+        let written = |q: &mut Queue, name: &str, rv: &str| {
             q.push_status(key(name), write(name, Instant::now()));
             popped_status(q, Instant::now(), &none());
             q.wrote(&key(name), Some(rv.into()));
         };
         let mut q = Queue::default();
-        reports_queue(&mut q, "shown", "5");
-        reports_queue(&mut q, "gone", "6");
-        reports_queue(&mut q, "unclear", "8");
+        written(&mut q, "shown", "5");
+        written(&mut q, "gone", "6");
+        written(&mut q, "unclear", "8");
         q.push_status(key("flying"), write("flying", Instant::now()));
         popped_status(&mut q, Instant::now(), &none());
         // A write of another namespace's (another watch's) resource is left to that watch.
@@ -936,11 +944,25 @@ mod tests {
             "unclear" | "flying" => Some("3".to_owned()),
             _ => None,
         };
+        q.push_status(key("vanished"), write("vanished", Instant::now()));
+        popped_status(&mut q, Instant::now(), &none());
         q.relisted("services.hanzo.ai", Some("ns"), store);
         let left: Vec<&str> = q.writing.keys().map(|k| k.name.as_str()).collect();
         // Shown at its version, or gone: dropped. At another version (older or newer, the
         // store cannot say), in flight, or of another namespace: kept.
-        assert_eq!(left, ["flying", "unclear", "elsewhere"]);
+        assert_eq!(left, ["flying", "unclear", "vanished", "elsewhere"]);
+        // In flight: the list's version counts as seen (the write's answer at it ends the
+        // entry), a resource the list did not find as gone.
+        q.wrote(&key("flying"), Some("3".into()));
+        assert!(q.newest_status(&key("vanished"), None).is_none());
+        q.wrote(&key("vanished"), Some("4".into()));
+        let left: Vec<&str> = q.writing.keys().map(|k| k.name.as_str()).collect();
+        assert_eq!(left, ["unclear", "elsewhere"]);
+        // Another controller's watch, of every namespace: this one's are left alone.
+        q.relisted("other.example.com", None, |_| None);
+        assert_eq!(q.writing.len(), 2);
+        q.relisted("services.hanzo.ai", None, |_| None);
+        assert!(q.writing.is_empty());
     }
 
     #[test]

@@ -291,6 +291,10 @@ pub(super) async fn lead(
         _ => None,
     };
     if confirmed && live.is_none() && lock(&controllers.running).is_empty() {
+        // Nothing was reconciled, so nothing is to report: the workers go with the pipeline.
+        for w in &report_workers {
+            w.abort();
+        }
         return Err(Error::NothingToServe(
             "no CRD of any Kind the plugins serve is installed".into(),
         ));
