@@ -642,11 +642,7 @@ pub(crate) fn wake(owners: &Owners, resources: BTreeSet<OwnerId>) {
             .iter()
             .find(|(scope, _)| scope.as_deref().is_none_or(|ns| ns == namespace));
         if let Some((_, tx)) = watching {
-            let mut r = ObjectRef::new_with(&name, ar.clone());
-            if !namespace.is_empty() {
-                r = r.within(&namespace);
-            }
-            let _ = tx.unbounded_send(r);
+            let _ = tx.unbounded_send(super::Served::reference(ar, &namespace, &name));
         }
     }
 }

@@ -136,9 +136,7 @@ impl Controllers {
             let (forget, forget_name) = (shared.metrics.clone(), controller.clone());
             let shard = shared.shard;
             let (lists, admits) = (settling.clone(), settling.clone());
-            let (reports, reports_name) = (shared.clone(), controller.clone());
-            let (relisted_store, relisted_scope, relisted_ar) =
-                (reader.clone(), scope.clone(), ar.clone());
+            let (watched, watched_scope) = (ctx.clone(), scope.clone());
             let trigger = reflector::reflector(
                 writer,
                 watcher(api, owners_config(settings)).modify(move |o| {
@@ -154,29 +152,26 @@ impl Controllers {
                     let key = reconcile::queue_key(o);
                     lists.started(&key);
                     forget.forgotten(&forget_name, &key);
-                    reports.reports.saw(&report::key(&reports_name, o), None);
+                    watched.shared.reports.saw(&watched.controller, o, true);
                 }
                 // Our status writes, as the store now has them (`Reports::newest_status`). A
                 // list's objects reach the store together, at its end.
                 Ok(kube::runtime::watcher::Event::Apply(o)) => {
-                    reports.reports.saw(
-                        &report::key(&reports_name, o),
-                        o.metadata.resource_version.as_deref(),
-                    );
+                    watched.shared.reports.saw(&watched.controller, o, false);
                 }
                 Ok(kube::runtime::watcher::Event::Init) => lists.listing(),
                 Ok(kube::runtime::watcher::Event::InitDone) => {
                     lists.listed();
-                    reports
-                        .reports
-                        .relisted(&reports_name, relisted_scope.as_deref(), |k| {
-                            let mut at =
-                                reflector::ObjectRef::new_with(&k.name, relisted_ar.clone());
-                            if !k.namespace.is_empty() {
-                                at = at.within(&k.namespace);
-                            }
-                            relisted_store.get(&at)?.metadata.resource_version.clone()
-                        });
+                    let version = |k: &report::Key| {
+                        (watched.latest(&k.namespace, &k.name)?.metadata)
+                            .resource_version
+                            .clone()
+                    };
+                    (watched.shared.reports).relisted(
+                        &watched.controller,
+                        watched_scope.as_deref(),
+                        version,
+                    );
                 }
                 Ok(kube::runtime::watcher::Event::InitApply(_)) => {}
                 Err(_) => {}

@@ -320,6 +320,23 @@ impl std::ops::DerefMut for Served {
     }
 }
 
+impl Served {
+    /// The reference of the resource `name` of `ar` in `namespace` (empty: cluster-scoped), as
+    /// the served watch's store and queue key it.
+    pub(crate) fn reference(
+        ar: &Arc<ApiResource>,
+        namespace: &str,
+        name: &str,
+    ) -> kube::runtime::reflector::ObjectRef<Self> {
+        let r = kube::runtime::reflector::ObjectRef::new_with(name, ar.clone());
+        if namespace.is_empty() {
+            r
+        } else {
+            r.within(namespace)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -150,10 +150,9 @@ struct Written {
     gone: bool,
 }
 
-impl Written {
-    fn status(&self) -> Option<Value> {
-        serde_json::from_str(self.status.get()).ok()
-    }
+/// A status kept as text, as a value.
+fn parsed(status: &RawValue) -> Option<Value> {
+    serde_json::from_str(status.get()).ok()
 }
 
 impl Queue {
@@ -333,7 +332,7 @@ impl Queue {
     /// is at `resource_version`.
     fn newest_status(&mut self, key: &Key, resource_version: Option<&str>) -> Option<Value> {
         if let Some(w) = self.statuses.get(key) {
-            return serde_json::from_str(w.status.get()).ok();
+            return parsed(&w.status);
         }
         let w = self.writing.get(key).filter(|w| !w.gone)?;
         if w.resource_version.is_some() && w.resource_version.as_deref() == resource_version {
@@ -341,7 +340,7 @@ impl Queue {
             self.writing.remove(key);
             return None;
         }
-        w.status()
+        parsed(&w.status)
     }
 
     /// The watch showed `key` deleted.
@@ -547,13 +546,18 @@ impl Reports {
         lock(&self.queue).newest_status(key, resource_version)
     }
 
-    /// The watch showed the resource `key` at `resource_version` (`None`: deleted), its store
-    /// updated.
-    pub(crate) fn saw(&self, key: &Key, resource_version: Option<&str>) {
+    /// The watch of `controller`'s resources showed `o` (`deleted`, or as it is now), its
+    /// store updated. On every event of the served watches: nothing is built unless a status
+    /// is being written or awaits its echo.
+    pub(crate) fn saw(&self, controller: &str, o: &kube::api::DynamicObject, deleted: bool) {
         let mut queue = lock(&self.queue);
-        match resource_version {
-            Some(rv) => queue.saw(key, rv),
-            None => queue.saw_deleted(key),
+        if queue.writing.is_empty() {
+            return;
+        }
+        let key = key(controller, o);
+        match o.metadata.resource_version.as_deref() {
+            Some(rv) if !deleted => queue.saw(&key, rv),
+            _ => queue.saw_deleted(&key),
         }
     }
 

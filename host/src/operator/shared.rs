@@ -212,6 +212,12 @@ pub(crate) struct KindCtx {
 }
 
 impl KindCtx {
+    /// The resource `name` in `namespace` as its watch has it now.
+    pub(crate) fn latest(&self, namespace: &str, name: &str) -> Option<Arc<super::Served>> {
+        self.store
+            .get(&super::Served::reference(&self.ar, namespace, name))
+    }
+
     /// The name of the plugin that serves the Kind now (the metrics' `plugin` label), and
     /// `name@version (sha256 prefix)` of it, for status. Looked up at each use: a `Plugin`
     /// resource may swap the plugin while the controller runs.

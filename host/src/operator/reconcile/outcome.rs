@@ -160,14 +160,10 @@ pub(super) fn warn_of(ctx: &KindCtx, regarding: &kube::api::ObjectMeta, problem:
 /// copy the reconciliation began with (a status written meanwhile, by an earlier
 /// reconciliation, may have come back through the watch since).
 pub(super) fn current_status(ctx: &KindCtx, obj: &DynamicObject) -> Option<Value> {
-    let mut at = kube::runtime::reflector::ObjectRef::new_with(&obj.name_any(), ctx.ar.clone());
-    at.namespace = obj.metadata.namespace.clone();
-    let stored = || ctx.store.get(&at);
+    let key = report_key(ctx, obj);
+    let stored = || ctx.latest(&key.namespace, &key.name);
     let version = stored().and_then(|o| o.metadata.resource_version.clone());
-    let newest = ctx
-        .shared
-        .reports
-        .newest_status(&report_key(ctx, obj), version.as_deref());
+    let newest = ctx.shared.reports.newest_status(&key, version.as_deref());
     // Else the store's copy, read again: a write's echo that came in between (and took its
     // status out of the reports) is in it by now.
     newest.or_else(|| match stored() {
