@@ -27,6 +27,9 @@
 //!    change in its shard is applied by another (`BENCH_SHARDED` sets the size, 0 skips it; `BENCH_SHARDED_BARE=0` skips its bare loop;
 //!    `BENCH_SHARDS=1,4` which shard counts run, default 1,2,4; `BENCH_KILL_SHARD=0` kills the
 //!    holder of shard 0 rather than the first replica holding one, where K has that shard).
+//!    The replicas act as the operator's ServiceAccount, with its RBAC and the chart's
+//!    FlowSchema for its Leases (`BENCH_AS=sa-no-flowschema` leaves that out, `BENCH_AS=admin`
+//!    connects as the control plane's admin, which API Priority and Fairness exempts).
 //!
 //! Run: `cargo bench -p host --bench operator` (N defaults to 1000; `BENCH_RESOURCES=200` for a
 //! quicker run; `BENCH_QUIET_SECS` sets the quiet period, default 60; `BENCH_MIXED` the mixed
@@ -430,6 +433,16 @@ struct Phase {
     cpu: Vec<(String, f64)>,
 }
 
+impl Phase {
+    /// The CPU seconds of the processes named `name` during the phase.
+    fn cpu_of(&self, name: &str) -> f64 {
+        self.cpu
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(0.0, |(_, c)| *c)
+    }
+}
+
 /// The bare loop on a control plane of its own: the exact objects the operator applies for each
 /// resource (the plugin's render with the host's owner reference and labels, pointing at
 /// resources that exist, so that the garbage collector does the same work), server-side
@@ -439,10 +452,30 @@ async fn bare_phase(
     registry: &host::registry::Registry,
     workload: Workload,
 ) -> (Phase, usize) {
-    let (cp, client) = control_plane(root).await;
-    let ns = cp.namespace(&client, "bare").await.unwrap();
+    bare_phase_as(root, registry, workload, false).await
+}
+
+/// [`bare_phase`], its applies made as the control plane's admin, or with `as_operator` as the
+/// operator's ServiceAccount with the operator's RBAC (what each of its requests then costs the
+/// API server: the token, RBAC's rules, API Priority and Fairness's queues).
+async fn bare_phase_as(
+    root: &std::path::Path,
+    registry: &host::registry::Registry,
+    workload: Workload,
+    as_operator: bool,
+) -> (Phase, usize) {
+    let (cp, admin) = control_plane(root).await;
+    let ns = cp.namespace(&admin, "bare").await.unwrap();
     let kinds = child_kinds();
-    let owners = create_resources(&client, &ns, workload).await;
+    let owners = create_resources(&admin, &ns, workload).await;
+    let client = if as_operator {
+        grant_operator_rights(&cp, &ns, 1, false);
+        cp.service_account_client(&admin, &ns, "wasm-operator")
+            .await
+            .expect("the operator's ServiceAccount's client")
+    } else {
+        admin.clone()
+    };
     let mut children = Vec::new();
     for owner in &owners {
         let value = serde_json::to_value(owner).unwrap();
@@ -453,7 +486,7 @@ async fn bare_phase(
         }
     }
     let total = children.len();
-    let seen = count_children(&client, &ns);
+    let seen = count_children(&admin, &ns);
     let params = PatchParams::apply("bench.wasm-operator.dev/bare").force();
     let started = Instant::now();
     let cpu0 = machine_cpu();
@@ -676,7 +709,7 @@ async fn start_operator(
     port: u16,
     identity: &str,
 ) -> KillOnDrop {
-    let operator = spawn_host(cp, ns, port, identity, &[]);
+    let operator = spawn_host(cp.kubeconfig(), ns, port, identity, &[]);
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
         Api::namespaced(client.clone(), ns);
     let up = Instant::now();
@@ -921,9 +954,10 @@ fn host_log(identity: &str) -> std::path::PathBuf {
 }
 
 /// Starts `host run` (the release binary, its own process) with leader election on a Lease in
-/// `ns`, as `identity`, with `extra` arguments; its log goes to a file named after `identity`.
+/// `ns`, as `identity`, connecting with `kubeconfig`, with `extra` arguments; its log goes to a
+/// file named after `identity`.
 fn spawn_host(
-    cp: &testenv::ControlPlane,
+    kubeconfig: &std::path::Path,
     ns: &str,
     port: u16,
     identity: &str,
@@ -948,7 +982,7 @@ fn spawn_host(
                 .unwrap_or_default()
                 .split_whitespace(),
         )
-        .env("KUBECONFIG", cp.kubeconfig())
+        .env("KUBECONFIG", kubeconfig)
         .env("WASM_OPERATOR_CACHE", &cache)
         .env(
             "RUST_LOG",
@@ -980,13 +1014,108 @@ fn host_comm() -> String {
 /// Starts `host run --shards K` (the release binary, its own process) as `identity` on the
 /// Leases of `ns`; returns at once (a replica of shards is ready while it waits for them).
 fn start_replica(
-    cp: &testenv::ControlPlane,
+    kubeconfig: &std::path::Path,
     ns: &str,
     port: u16,
     identity: &str,
     shards: u32,
 ) -> KillOnDrop {
-    spawn_host(cp, ns, port, identity, &[format!("--shards={shards}")])
+    spawn_host(
+        kubeconfig,
+        ns,
+        port,
+        identity,
+        &[format!("--shards={shards}")],
+    )
+}
+
+/// Who the sharded runs' replicas are to the API server (`BENCH_AS`): by default, as the chart
+/// installs them, the operator's ServiceAccount with the RBAC `host rbac --shards K` prints and a
+/// FlowSchema that puts its Lease requests in the `leader-election` priority level (the chart's,
+/// `leaderElection.flowSchema`); `sa-no-flowschema`, the same without it (every request in
+/// `workload-low`, a ServiceAccount's); `admin`, the control plane's admin certificate
+/// (`system:masters`, which API Priority and Fairness exempts). Returns the kubeconfig they use.
+async fn replica_identity(
+    cp: &testenv::ControlPlane,
+    client: &kube::Client,
+    ns: &str,
+    shards: u32,
+) -> std::path::PathBuf {
+    let mode = bench_as();
+    if mode == "admin" {
+        return cp.kubeconfig().to_owned();
+    }
+    grant_operator_rights(cp, ns, shards, mode == "sa");
+    let token = cp
+        .service_account_token(client, ns, "wasm-operator")
+        .await
+        .expect("a token for the replicas");
+    let config = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{ "name": "bench", "cluster": {
+            "server": cp.server(),
+            "certificate-authority": cp.ca_path() } }],
+        "users": [{ "name": "wasm-operator", "user": { "token": token } }],
+        "contexts": [{ "name": "bench", "context": { "cluster": "bench", "user": "wasm-operator" } }],
+        "current-context": "bench",
+    });
+    let kubeconfig = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("bench-kubeconfig-{ns}.json"));
+    std::fs::write(&kubeconfig, config.to_string()).unwrap();
+    kubeconfig
+}
+
+/// `BENCH_AS`: `sa` (the default), `sa-no-flowschema` or `admin` ([`replica_identity`]).
+fn bench_as() -> String {
+    let mode = std::env::var("BENCH_AS").unwrap_or_else(|_| "sa".into());
+    assert!(
+        ["sa", "sa-no-flowschema", "admin"].contains(&mode.as_str()),
+        "BENCH_AS: sa, sa-no-flowschema or admin"
+    );
+    mode
+}
+
+/// Gives the ServiceAccount `ns/wasm-operator` what `host rbac --shards K` prints for replicas
+/// serving `ns` with their Leases there, and with `flow_schema` what the chart's
+/// templates/flowschema.yaml renders for it.
+fn grant_operator_rights(cp: &testenv::ControlPlane, ns: &str, shards: u32, flow_schema: bool) {
+    // This build's binary: `BENCH_HOST_BIN` may be a wrapper that prints more (a profiler).
+    let out = Command::new(env!("CARGO_BIN_EXE_host"))
+        .args(["rbac", "-n", ns, "--watch-namespace", ns])
+        .args([
+            format!("--shards={shards}"),
+            "--metrics-secure=false".into(),
+        ])
+        .output()
+        .expect("host rbac runs");
+    assert!(out.status.success(), "host rbac: {out:?}");
+    let mut manifests = String::from_utf8(out.stdout).expect("host rbac prints text");
+    if flow_schema {
+        // What the chart's templates/flowschema.yaml renders for this ServiceAccount.
+        let flow = json!({
+            "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
+            "kind": "FlowSchema",
+            "metadata": { "name": "wasm-operator-leader-election" },
+            "spec": {
+                "priorityLevelConfiguration": { "name": "leader-election" },
+                "matchingPrecedence": 1000,
+                "distinguisherMethod": { "type": "ByUser" },
+                "rules": [{
+                    "subjects": [{ "kind": "ServiceAccount",
+                        "serviceAccount": { "name": "wasm-operator", "namespace": ns } }],
+                    "resourceRules": [{ "apiGroups": ["coordination.k8s.io"],
+                        "resources": ["leases"], "namespaces": [ns], "verbs": ["*"] }],
+                }],
+            },
+        });
+        manifests.push_str(&format!("---\n{flow}\n"));
+    }
+    let file =
+        std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("bench-rbac-{ns}.yaml"));
+    std::fs::write(&file, manifests).unwrap();
+    let out = cp.kubectl(&["apply", "--server-side", "-f", &file.display().to_string()]);
+    assert!(out.status.success(), "the operator's RBAC applied: {out:?}");
 }
 
 /// The shards a replica says it holds (`wasm_operator_shards_held`).
@@ -1023,6 +1152,44 @@ async fn settled(api: &Api<DynamicObject>, selector: &str, want: usize) -> Durat
     }
 }
 
+/// A failover: one replica killed.
+#[derive(Debug, Clone, Copy)]
+struct Failover {
+    /// From the kill until a change of one of the killed replica's resources is applied by
+    /// another replica.
+    killed_shard: Duration,
+    /// The same from the shard's last renewal as the API server wrote it (its audit log's
+    /// answer to the killed holder's last update of the shard's Lease), where the Lease's
+    /// duration runs from: the kill comes up to a renewal period (2 s) after it.
+    since_renewal: Option<Duration>,
+    /// From the kill until a change in another shard is applied.
+    other_shard: Duration,
+    /// How long after every child was applied the killed replica's shard had settled (every
+    /// status observed at its generation), when it was killed.
+    settled_after: Duration,
+}
+
+/// When the API server answered the last update of the Lease `name` before `before`, from its
+/// audit log (`stageTimestamp` of the `ResponseComplete` stage).
+fn last_lease_write(
+    cp: &testenv::ControlPlane,
+    name: &str,
+    before: Timestamp,
+) -> Option<Timestamp> {
+    cp.audit_log()
+        .iter()
+        .filter(|e| {
+            e["objectRef"]["resource"] == "leases"
+                && e["objectRef"]["name"] == name
+                && e["stage"] == "ResponseComplete"
+                && e["responseStatus"]["code"] == 200
+                && matches!(e["verb"].as_str(), Some("update" | "patch"))
+        })
+        .filter_map(|e| e["stageTimestamp"].as_str()?.parse::<Timestamp>().ok())
+        .filter(|t| *t < before)
+        .max()
+}
+
 /// One sharded run: what it measured.
 struct ShardedRun {
     shards: u32,
@@ -1038,7 +1205,7 @@ struct ShardedRun {
     /// its resources is applied by another replica; and a change in another shard right after
     /// the kill; and how long after every child was applied the killed replica's shard had
     /// settled (when it was killed).
-    failover: Option<(Duration, Duration, Duration)>,
+    failover: Option<Failover>,
 }
 
 /// The 8th measure: `n` Service resources served by K replicas (`--shards K`), each a process
@@ -1047,6 +1214,7 @@ async fn sharded_run(root: &std::path::Path, n: usize, shards: u32) -> ShardedRu
     let (cp, client) = control_plane(root).await;
     let ns = cp.namespace(&client, "sharded").await.unwrap();
     create_resources(&client, &ns, Workload::Services(n)).await;
+    let kubeconfig = replica_identity(&cp, &client, &ns, shards).await;
     let seen = count_children(&client, &ns);
     let ports: Vec<u16> = (0..shards).map(|_| free_port()).collect();
     let cpu0 = machine_cpu();
@@ -1054,7 +1222,10 @@ async fn sharded_run(root: &std::path::Path, n: usize, shards: u32) -> ShardedRu
     let mut replicas: Vec<KillOnDrop> = ports
         .iter()
         .enumerate()
-        .map(|(i, port)| start_replica(&cp, &ns, *port, &format!("shard-bench-{i}"), shards))
+        .map(|(i, port)| {
+            let identity = format!("shard-bench-{i}");
+            start_replica(&kubeconfig, &ns, *port, &identity, shards)
+        })
         .collect();
     trace(&seen, 2 * n, "sharded");
     all_seen(seen, 2 * n, started + Duration::from_secs(900)).await;
@@ -1128,10 +1299,22 @@ async fn sharded_run(root: &std::path::Path, n: usize, shards: u32) -> ShardedRu
             }
         };
         let killed = Instant::now();
+        let killed_at = Timestamp::now();
         drop(replicas.remove(victim));
-        let other_took = scale(other, 1).await;
+        let other_shard = scale(other, 1).await;
         scale(orphan, 1).await;
-        Some((killed.elapsed(), other_took, settling))
+        let killed_shard = killed.elapsed();
+        let renewed = last_lease_write(&cp, &format!("wasm-operator-shard-{lost}"), killed_at);
+        let since_renewal = renewed.and_then(|r| {
+            let before_kill = Duration::try_from(killed_at.duration_since(r)).ok()?;
+            Some(killed_shard + before_kill)
+        });
+        Some(Failover {
+            killed_shard,
+            since_renewal,
+            other_shard,
+            settled_after: settling,
+        })
     } else {
         None
     };
@@ -1151,19 +1334,35 @@ async fn sharded_run(root: &std::path::Path, n: usize, shards: u32) -> ShardedRu
 /// What a replica holds whatever its share: the peak RSS of `host run` on a control plane with
 /// no resources, 5 s after its `/readyz` (every watch listed), MiB; twice: the first start may
 /// find the compile cache without this build's plugins and compile them (the replicas that
-/// follow find them compiled), the second finds them. (first, second)
-async fn base_rss(root: &std::path::Path) -> (f64, f64) {
+/// follow find them compiled), the second finds them. And a third start that serves one
+/// resource, 5 s after its children were applied: what a replica at work holds whatever its
+/// share (the code of a reconciliation paged in, the plugin's compiled code and an instance's
+/// memory, the buffers of writes), a base that can be chosen the other way. (first, second, at
+/// work)
+async fn base_rss(root: &std::path::Path) -> (f64, f64, f64) {
     let (cp, client) = control_plane(root).await;
     let mut peaks = Vec::new();
-    for start in ["base-bench-first", "base-bench-second"] {
+    for (start, resources) in [
+        ("base-bench-first", 0),
+        ("base-bench-second", 0),
+        ("base-bench-one", 1),
+    ] {
         // A namespace (and so a Lease) each: the first's is not waited for.
         let ns = cp.namespace(&client, start).await.unwrap();
+        create_resources(&client, &ns, Workload::Services(resources)).await;
+        let seen = count_children(&client, &ns);
         let operator = start_operator(&cp, &client, &ns, free_port(), start).await;
+        all_seen(
+            seen,
+            2 * resources,
+            Instant::now() + Duration::from_secs(60),
+        )
+        .await;
         tokio::time::sleep(Duration::from_secs(5)).await;
         peaks.push(peak_rss_mib(operator.0.id()));
         stop(operator);
     }
-    (peaks[0], peaks[1])
+    (peaks[0], peaks[1], peaks[2])
 }
 
 /// The sharded runs (`BENCH_SHARDED` resources, 0 skips them) with 1, 2 and 4 replicas, and
@@ -1174,7 +1373,17 @@ async fn sharded(root: &std::path::Path, registry: &host::registry::Registry, n:
     } else {
         None
     };
-    let (first_base, base) = base_rss(root).await;
+    // The bare loop again as the replicas are to the API server, when they are not its admin.
+    let bare_as_operator = if bare.is_some() && bench_as() != "admin" {
+        Some(
+            bare_phase_as(root, registry, Workload::Services(n), true)
+                .await
+                .0,
+        )
+    } else {
+        None
+    };
+    let (first_base, base, working) = base_rss(root).await;
     let mut runs = Vec::new();
     // `BENCH_SHARDS`: which shard counts, such as `1,4` (default `1,2,4`).
     let counts: Vec<u32> = std::env::var("BENCH_SHARDS")
@@ -1201,15 +1410,25 @@ async fn sharded(root: &std::path::Path, registry: &host::registry::Registry, n:
     );
     if let Some(bare) = &bare {
         println!(
-            "Bare SSA loop (16 in flight, a control plane of its own): {:.1} s.\n",
-            bare.time.as_secs_f64()
+            "Bare SSA loop (16 in flight, a control plane of its own): {:.1} s as the control plane's admin (API server CPU {:.1} s){}.\n",
+            bare.time.as_secs_f64(),
+            bare.cpu_of("kube-apiserver"),
+            bare_as_operator.as_ref().map_or(String::new(), |b| format!(
+                "; {:.1} s as the operator's ServiceAccount with its RBAC (API server CPU {:.1} s)",
+                b.time.as_secs_f64(),
+                b.cpu_of("kube-apiserver")
+            ))
         );
     }
     println!(
-        "A replica's fixed base: {base:.0} MiB (the peak RSS of one `host run`, no shards, on a control plane with no resources, 5 s after `/readyz`, its plugins in the compile cache; {first_base:.0} MiB at a first start that may have compiled them; a replica of shards has a Lease and a pipeline per shard besides). The issue's target for each replica of K is the base plus 1/K of K = 1's peak; a stricter reading counts the base once: the base plus 1/K of what K = 1 holds above it. Both are printed.\n"
+        "The replicas act as: {} (`BENCH_AS`).\n",
+        std::env::var("BENCH_AS").unwrap_or_else(|_| "sa".into())
     );
     println!(
-        "| K | from the processes' start until every child is applied | ratio to the bare loop | each replica's peak RSS | base + K = 1's peak / K | base + (K = 1's peak - base) / K | replicas' CPU | API server CPU | failover: a change in the killed replica's shard applied | a change in another shard, right after the kill | the killed replica's shard observed (every status at its generation), after every child was applied |"
+        "A replica's fixed base: {base:.0} MiB (the peak RSS of one `host run`, no shards, on a control plane with no resources, 5 s after `/readyz`, its plugins in the compile cache; {first_base:.0} MiB at a first start that may have compiled them; a replica of shards has a Lease and a pipeline per shard besides); at work, {working:.0} MiB (the same serving one resource, 5 s after its children were applied: the reconciliation's code paged in, the plugin's compiled code, an instance's memory). The issue's target for each replica of K is the base plus 1/K of K = 1's peak; a stricter reading counts the base once: the base plus 1/K of what K = 1 holds above it. Both are printed, each with the idle base and the base at work.\n"
+    );
+    println!(
+        "| K | from the processes' start until every child is applied | ratio to the bare loop (admin; as the ServiceAccount) | each replica's peak RSS | base + K = 1's peak / K (idle base; at work) | base + (K = 1's peak - base) / K (idle base; at work) | replicas' CPU | API server CPU | failover: a change in the killed replica's shard applied (from the kill; from its Lease's last renewal) | a change in another shard, right after the kill | the killed replica's shard observed (every status at its generation), after every child was applied |"
     );
     println!("|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|");
     let single = runs
@@ -1219,7 +1438,10 @@ async fn sharded(root: &std::path::Path, registry: &host::registry::Registry, n:
     for r in &runs {
         let t = r.time.as_secs_f64();
         let ratio = bare.as_ref().map_or("".to_owned(), |b| {
-            format!("{:.2}×", t / b.time.as_secs_f64())
+            let operator = bare_as_operator.as_ref().map_or(String::new(), |o| {
+                format!("; {:.2}×", t / o.time.as_secs_f64())
+            });
+            format!("{:.2}×{operator}", t / b.time.as_secs_f64())
         });
         let rss = r
             .rss
@@ -1227,18 +1449,23 @@ async fn sharded(root: &std::path::Path, registry: &host::registry::Registry, n:
             .map(|m| format!("{m:.0}"))
             .collect::<Vec<_>>()
             .join(", ");
-        let (over, other, settling) = r.failover.map_or(Default::default(), |(o, x, s)| {
+        let (over, other, settling) = r.failover.map_or(Default::default(), |f| {
+            let renewal = f
+                .since_renewal
+                .map_or("?".to_owned(), |d| format!("{:.1} s", d.as_secs_f64()));
             (
-                format!("{:.1} s", o.as_secs_f64()),
-                format!("{:.1} s", x.as_secs_f64()),
-                format!("{:.1} s", s.as_secs_f64()),
+                format!("{:.1} s; {renewal}", f.killed_shard.as_secs_f64()),
+                format!("{:.1} s", f.other_shard.as_secs_f64()),
+                format!("{:.1} s", f.settled_after.as_secs_f64()),
             )
         });
         println!(
-            "| {} | {t:.1} s | {ratio} | {rss} MiB | {:.0} MiB | {:.0} MiB | {:.1} s | {:.1} s | {over} | {other} | {settling} |",
+            "| {} | {t:.1} s | {ratio} | {rss} MiB | {:.0}; {:.0} MiB | {:.0}; {:.0} MiB | {:.1} s | {:.1} s | {over} | {other} | {settling} |",
             r.shards,
             base + single / f64::from(r.shards),
+            working + single / f64::from(r.shards),
             base + (single - base) / f64::from(r.shards),
+            working + (single - working) / f64::from(r.shards),
             r.host_cpu,
             r.api_cpu,
         );
@@ -1287,18 +1514,12 @@ async fn services(
         .zip(&bare_times)
         .map(|(o, b)| o / b)
         .collect();
-    let cpu_of = |p: &Phase, name: &str| {
-        p.cpu
-            .iter()
-            .find(|(n, _)| n == name)
-            .map_or(0.0, |(_, c)| *c)
-    };
     let startups: Vec<f64> = operators.iter().map(|o| o.startup.as_secs_f64()).collect();
-    let op_cpu: Vec<f64> = operators.iter().map(|o| cpu_of(&o.phase, "host")).collect();
-    let api_bare: Vec<f64> = bares.iter().map(|p| cpu_of(p, "kube-apiserver")).collect();
+    let op_cpu: Vec<f64> = operators.iter().map(|o| o.phase.cpu_of("host")).collect();
+    let api_bare: Vec<f64> = bares.iter().map(|p| p.cpu_of("kube-apiserver")).collect();
     let api_op: Vec<f64> = operators
         .iter()
-        .map(|o| cpu_of(&o.phase, "kube-apiserver"))
+        .map(|o| o.phase.cpu_of("kube-apiserver"))
         .collect();
     let last = operators.last().expect("at least one round");
     let steady = last

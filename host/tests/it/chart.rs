@@ -515,6 +515,33 @@ fn the_values_reach_what_the_chart_renders() {
         "the built-in plugins' admission policies without them"
     );
 
+    // The Leases' FlowSchema: the release's ServiceAccount, on Leases in the release's
+    // namespace (the install test checks where the API server puts them); none without leader
+    // election.
+    let leaderless = documents(&template(&["replicas=1", "leaderElection.enabled=false"]));
+    assert!(
+        !leaderless.iter().any(|d| d["kind"] == "FlowSchema"),
+        "a FlowSchema without leader election"
+    );
+    let docs = documents(&template(&[]));
+    let flows: Vec<&Value> = docs.iter().filter(|d| d["kind"] == "FlowSchema").collect();
+    assert_eq!(flows.len(), 1, "{flows:?}");
+    let rule = &flows[0]["spec"]["rules"][0];
+    assert_eq!(
+        rule["subjects"],
+        serde_json::json!([{ "kind": "ServiceAccount",
+            "serviceAccount": { "name": "wasm-operator", "namespace": "wasm-operator" } }])
+    );
+    assert_eq!(
+        rule["resourceRules"],
+        serde_json::json!([{ "apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+            "namespaces": ["wasm-operator"], "verbs": ["*"] }])
+    );
+    assert_eq!(
+        flows[0]["spec"]["priorityLevelConfiguration"]["name"],
+        "leader-election"
+    );
+
     // Two replicas with no leader would both write: refused.
     let out = helm(&[
         "template",
@@ -782,6 +809,33 @@ fn deploy_is_the_chart_rendered() {
     );
 }
 
+/// The API Priority and Fairness priority level the API server put a request of `kubectl args`
+/// in, made as `user` (impersonated): the level its response names
+/// (`X-Kubernetes-PF-PriorityLevel-UID`), by name.
+fn priority_level(cp: &ControlPlane, user: &str, args: &[&str]) -> String {
+    let mut all = vec!["--as", user, "-v=8"];
+    all.extend(args);
+    let (ok, out) = kubectl(cp, &all);
+    assert!(ok, "kubectl {all:?}: {out}");
+    let uid = out
+        .lines()
+        .find_map(|l| {
+            let (_, rest) = l.split_once("X-Kubernetes-Pf-Prioritylevel-Uid:")?;
+            Some(rest.trim().to_owned())
+        })
+        .unwrap_or_else(|| panic!("no priority level in the response to {all:?}: {out}"));
+    let levels = kubectl_ok(cp, &["get", "prioritylevelconfigurations", "-o", "json"]);
+    let levels: Value = serde_json::from_str(&levels).expect("priority levels");
+    levels["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|l| l["metadata"]["uid"] == uid.as_str())
+        .and_then(|l| l["metadata"]["name"].as_str())
+        .unwrap_or_else(|| panic!("no priority level has the uid {uid}: {levels}"))
+        .to_owned()
+}
+
 fn kubectl_stdin(cp: &ControlPlane, args: &[&str], input: &str) -> (bool, String) {
     use std::io::Write as _;
     let mut child = Command::new(cp.bin_dir().join("kubectl"))
@@ -943,10 +997,23 @@ fn install_upgrade_and_uninstall_on_a_restricted_namespace() {
     for pod in pods {
         assert!(pod["spec"]["nodeName"].is_string(), "scheduled: {pod}");
     }
-
-    // A user's resource, created while the chart is installed.
     let (ok, out) = kubectl(&cp, &["create", "namespace", "app"]);
     assert!(ok, "{out}");
+
+    // API Priority and Fairness, as the API server classifies the operator's requests: those on
+    // its Leases in `leader-election` (the chart's FlowSchema), the rest in `workload-low` (a
+    // ServiceAccount's); the chart's FlowSchema off, the Leases' too.
+    let operator = format!("system:serviceaccount:{ns}:wasm-operator");
+    assert_eq!(
+        priority_level(&cp, &operator, &["get", "leases", "-n", ns]),
+        "leader-election"
+    );
+    assert_eq!(
+        priority_level(&cp, &operator, &["get", "services.hanzo.ai", "-n", "app"]),
+        "workload-low"
+    );
+
+    // A user's resource, created while the chart is installed.
     apply(&cp, "app", WEB);
 
     // Upgrade changes values: one replica, text logs, and the CRDs change with the release (here
@@ -975,7 +1042,17 @@ fn install_upgrade_and_uninstall_on_a_restricted_namespace() {
             ["helm.sh/resource-policy"]
             .clone()
     };
-    upgrade(&["replicas=1", "logFormat=text", "crds.keep=false"]);
+    upgrade(&[
+        "replicas=1",
+        "logFormat=text",
+        "crds.keep=false",
+        "leaderElection.flowSchema=false",
+    ]);
+    assert_eq!(
+        priority_level(&cp, &operator, &["get", "leases", "-n", ns]),
+        "workload-low",
+        "the FlowSchema stayed"
+    );
     let deployment = get(&cp, ns, "deployment/wasm-operator").expect("deployment");
     assert_eq!(deployment["spec"]["replicas"], 1);
     let args = deployment["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
