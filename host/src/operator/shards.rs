@@ -330,8 +330,14 @@ impl Campaign {
                         if lease.name_any() != self.member
                             && let Some(at) = at
                         {
-                            let expiry = at + duration_of(&lease);
-                            member_expiry = Some(member_expiry.map_or(expiry, |e| e.min(expiry)));
+                            // The share widens when the member stops counting as renewing,
+                            // and again when its Lease expires.
+                            for when in [at + WARM_AFTER, at + duration_of(&lease)] {
+                                if when > now {
+                                    member_expiry =
+                                        Some(member_expiry.map_or(when, |e| e.min(when)));
+                                }
+                            }
                         }
                     } else if !live
                         && self.seen.get(&lease.name_any()).is_some_and(|(_, at)| {
@@ -388,12 +394,16 @@ impl Campaign {
             .held
             .values()
             .any(|h| *h.pipeline.role.borrow() == Role::Yield);
-        if self.held.len() > fair
+        // Counting those renewing only (`fair_soon`): a replica that stopped renewing (one
+        // killed after its member Lease's renewal and before its shards') does not make another
+        // give back a shard it took from it while its member Lease runs out.
+        let share = fair.max(fair_soon);
+        if self.held.len() > share
             && !yielding
             && let Some((index, held)) = self.held.iter().rev().find(|(_, h)| h.confirmed)
         {
             tracing::info!(identity = %self.identity, shard = index, replicas = members,
-                "holding more than a fair share ({fair}): giving shard {index} back once its reconciliations end");
+                "holding more than a fair share ({share}): giving shard {index} back once its reconciliations end");
             held.pipeline.role.send_replace(Role::Yield);
         }
         // Not in the first round: replicas that start together (a rollout, a scale-up) see each
@@ -415,7 +425,7 @@ impl Campaign {
                 // The share it will have once the Leases of those not renewing expire: their
                 // shards' pipelines start now, and a round comes when the first Lease (a
                 // shard's, or a member's that widens the share) expires.
-                let soon = fair.max(fair_soon);
+                let soon = share;
                 // One replica readies the shards of those gone: of those renewing, the one
                 // holding fewest shards (then the first identity), so that one pipeline, not
                 // one per replica, lists them before the take.
@@ -429,8 +439,11 @@ impl Campaign {
                 let readies = first == Some(self.identity.as_str());
                 // Expired Leases are left to it while it has room for them.
                 let defer = !readies && first.is_some_and(|id| held_by(id) < soon);
-                if self.held.len() < fair {
-                    self.take(attempt, now, &shards, fair, defer).await;
+                // Expired Leases up to that share: a silent replica's shard is taken when its
+                // Lease expires, not once its member Lease has expired too (a round later,
+                // when it was killed between the two renewals).
+                if self.held.len() < soon {
+                    self.take(attempt, now, &shards, soon, defer).await;
                 }
                 if self.held.len() < soon {
                     self.expiry = [self.next_expiry(&shards, now), member_expiry]
@@ -543,7 +556,9 @@ impl Campaign {
     }
 
     /// When the first of `shards` held by another replica expires by our clock (after `now`),
-    /// if this replica may take one then.
+    /// if this replica may take one then; or, past that, when the [`RETRY`] it leaves to the
+    /// replica that readied it ends (should that one not take it, the others do then, not at
+    /// their next round).
     fn next_expiry(&self, shards: &BTreeMap<u32, Lease>, now: Instant) -> Option<Instant> {
         shards
             .iter()
@@ -551,8 +566,10 @@ impl Campaign {
             .filter_map(|(_, lease)| {
                 let (record, at) = self.seen.get(&lease.name_any())?;
                 record.holder.as_ref()?;
-                Some(*at + duration_of(lease))
+                let expiry = *at + duration_of(lease);
+                Some([expiry, expiry + RETRY])
             })
+            .flatten()
             .filter(|expiry| *expiry > now)
             .min()
     }

@@ -406,6 +406,81 @@ fn in_turn(writers: &[&str]) -> Vec<String> {
 /// shard its hash names and written by its holder alone. One replica is killed: the other takes
 /// its shard within the Lease's duration and serves its resources, while those of its own shard
 /// see no write and no pause.
+/// A replica that renewed its member Lease after its shard's last renewal (one killed between
+/// the two writes of a round, the member's first) has its shard taken when the shard's Lease
+/// expires, not when its member Lease does; and the replica that took it keeps it meanwhile (it
+/// gave it back at once when the member Lease still counted). The ghost is stopped (SIGSTOP),
+/// and the test renews its member Lease once, 5 s later: the member's expiry comes 20 s after
+/// the stop, the shard's within 15 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_replicas_shard_is_taken_when_its_lease_expires_not_its_member_lease() {
+    let cluster = sharded("silent").await;
+    let cp = &cluster.cp;
+    let _logs = cp.logs_on_failure();
+    let a = Replica::start(&cluster, "replica-a", 2);
+    let mut ghost = Replica::start(&cluster, "replica-ghost", 2);
+    eventually_or(
+        "each replica to hold one shard",
+        Duration::from_secs(60),
+        || a.held().len() == 1 && ghost.held().len() == 1,
+        || format!("a holds {:?}, the ghost {:?}", a.held(), ghost.held()),
+    )
+    .await;
+    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(cp.client().await.unwrap(), SYSTEM);
+    let members = leases
+        .list(&kube::api::ListParams::default().labels("wasm-operator.dev/lease-role=member"))
+        .await
+        .unwrap();
+    let member = members
+        .items
+        .iter()
+        .find(|l| {
+            l.spec.as_ref().and_then(|s| s.holder_identity.as_deref()) == Some("replica-ghost")
+        })
+        .and_then(|l| l.metadata.name.clone())
+        .expect("the ghost's member Lease");
+    let status = Command::new("kill")
+        .args(["-STOP", &ghost.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let stopped = Instant::now();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(Timestamp::now());
+    leases
+        .patch(
+            &member,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&serde_json::json!({ "spec": { "renewTime": now } })),
+        )
+        .await
+        .unwrap();
+    eventually_or(
+        "replica-a to take the stopped replica's shard",
+        Duration::from_secs(40),
+        || a.held().len() == 2,
+        || format!("a holds {:?}:\n{}", a.held(), a.logs()),
+    )
+    .await;
+    let took = stopped.elapsed();
+    eprintln!("the stopped replica's shard taken {took:?} after the stop");
+    assert!(
+        took < Duration::from_secs(18),
+        "taken {took:?} after the stop: after the member Lease's expiry (20 s), not the shard's (within 15 s):\n{}",
+        a.logs()
+    );
+    // Held on through the member Lease's expiry: nothing given back.
+    tokio::time::sleep(Duration::from_secs(20).saturating_sub(took) + Duration::from_secs(3)).await;
+    assert_eq!(a.held().len(), 2, "{}", a.logs());
+    assert!(
+        !a.logs().contains("giving shard"),
+        "a shard given back:\n{}",
+        a.logs()
+    );
+    ghost.kill();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_replicas_shard_is_taken_over_and_the_other_shard_never_notices() {
     let cluster = sharded("shards").await;
