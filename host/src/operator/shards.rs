@@ -3,8 +3,10 @@
 //!
 //! One task per replica campaigns for every shard. Each round, every [`RETRY`], it:
 //! 1. renews this replica's member Lease, `<lease>-member-<hash of identity>`: the member Leases
-//!    that are alive say how many replicas there are, so that each holds its fair share,
-//!    ceil(K / replicas);
+//!    say how many replicas there are, so that each holds its fair share, ceil(K / replicas),
+//!    counting those still renewing (a member Lease changed within [`WARM_AFTER`]): one that
+//!    stopped, its member Lease not yet expired, neither holds back the take of its shards nor
+//!    makes another give them back;
 //! 2. lists this operator's Leases (one request), and judges each expired by its own clock, as
 //!    the single leader's election does: when its record has not changed for its duration. A
 //!    watch on the same Leases notes each change when it comes, so that a Lease expires its
@@ -281,7 +283,8 @@ impl Campaign {
         // The members renewed within [`WARM_AFTER`], this replica among them: the share it will
         // have once the others expire is what it readies for.
         let mut renewing_ids = vec![self.identity.clone()];
-        // When the first member Lease of another expires by our clock.
+        // When the share first widens: another's member Lease stops counting as renewing, or
+        // expires, by our clock.
         let mut member_expiry: Option<Instant> = None;
         let mut member_seen = false;
         let mut barrier = None;
@@ -383,7 +386,7 @@ impl Campaign {
             .count
             .div_ceil(u32::try_from(members).unwrap_or(u32::MAX));
         let fair = usize::try_from(fair).unwrap_or(usize::MAX);
-        self.fair = fair;
+
         let fair_soon = self
             .sharding
             .count
@@ -398,6 +401,7 @@ impl Campaign {
         // killed after its member Lease's renewal and before its shards') does not make another
         // give back a shard it took from it while its member Lease runs out.
         let share = fair.max(fair_soon);
+        self.fair = share;
         if self.held.len() > share
             && !yielding
             && let Some((index, held)) = self.held.iter().rev().find(|(_, h)| h.confirmed)

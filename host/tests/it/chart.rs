@@ -809,31 +809,38 @@ fn deploy_is_the_chart_rendered() {
     );
 }
 
-/// The API Priority and Fairness priority level the API server put a request of `kubectl args`
-/// in, made as `user` (impersonated): the level its response names
-/// (`X-Kubernetes-PF-PriorityLevel-UID`), by name.
-fn priority_level(cp: &ControlPlane, user: &str, args: &[&str]) -> String {
-    let mut all = vec!["--as", user, "-v=8"];
-    all.extend(args);
-    let (ok, out) = kubectl(cp, &all);
-    assert!(ok, "kubectl {all:?}: {out}");
-    let uid = out
-        .lines()
-        .find_map(|l| {
-            let (_, rest) = l.split_once("X-Kubernetes-Pf-Prioritylevel-Uid:")?;
-            Some(rest.trim().to_owned())
-        })
-        .unwrap_or_else(|| panic!("no priority level in the response to {all:?}: {out}"));
-    let levels = kubectl_ok(cp, &["get", "prioritylevelconfigurations", "-o", "json"]);
-    let levels: Value = serde_json::from_str(&levels).expect("priority levels");
-    levels["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|l| l["metadata"]["uid"] == uid.as_str())
-        .and_then(|l| l["metadata"]["name"].as_str())
-        .unwrap_or_else(|| panic!("no priority level has the uid {uid}: {levels}"))
-        .to_owned()
+/// How API Priority and Fairness classified a GET of `path` made as `user` (impersonated):
+/// the FlowSchema and the priority level its response names (`X-Kubernetes-PF-FlowSchema-UID`,
+/// `X-Kubernetes-PF-PriorityLevel-UID`), by name. `--raw`: the one request, no discovery before
+/// it.
+fn classified(cp: &ControlPlane, user: &str, path: &str) -> (String, String) {
+    let args = ["--as", user, "-v=8", "get", "--raw", path];
+    let (ok, out) = kubectl(cp, &args);
+    assert!(ok, "kubectl {args:?}: {out}");
+    let header = |name: &str| {
+        out.lines()
+            .find_map(|l| Some(l.split_once(name)?.1.trim().to_owned()))
+            .unwrap_or_else(|| panic!("no {name} in the response to {args:?}: {out}"))
+    };
+    let name_of = |kind: &str, uid: String| {
+        let all = kubectl_ok(cp, &["get", kind, "-o", "json"]);
+        let all: Value = serde_json::from_str(&all).expect(kind);
+        all["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|o| o["metadata"]["uid"] == uid.as_str())
+            .and_then(|o| o["metadata"]["name"].as_str())
+            .unwrap_or_else(|| panic!("no {kind} has the uid {uid}: {all}"))
+            .to_owned()
+    };
+    (
+        name_of("flowschemas", header("X-Kubernetes-Pf-Flowschema-Uid:")),
+        name_of(
+            "prioritylevelconfigurations",
+            header("X-Kubernetes-Pf-Prioritylevel-Uid:"),
+        ),
+    )
 }
 
 fn kubectl_stdin(cp: &ControlPlane, args: &[&str], input: &str) -> (bool, String) {
@@ -1004,13 +1011,17 @@ fn install_upgrade_and_uninstall_on_a_restricted_namespace() {
     // its Leases in `leader-election` (the chart's FlowSchema), the rest in `workload-low` (a
     // ServiceAccount's); the chart's FlowSchema off, the Leases' too.
     let operator = format!("system:serviceaccount:{ns}:wasm-operator");
+    let leases = format!("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases");
     assert_eq!(
-        priority_level(&cp, &operator, &["get", "leases", "-n", ns]),
-        "leader-election"
+        classified(&cp, &operator, &leases),
+        (
+            "wasm-operator-leader-election".to_owned(),
+            "leader-election".to_owned()
+        )
     );
     assert_eq!(
-        priority_level(&cp, &operator, &["get", "services.hanzo.ai", "-n", "app"]),
-        "workload-low"
+        classified(&cp, &operator, "/apis/hanzo.ai/v1/namespaces/app/services"),
+        ("service-accounts".to_owned(), "workload-low".to_owned())
     );
 
     // A user's resource, created while the chart is installed.
@@ -1048,11 +1059,19 @@ fn install_upgrade_and_uninstall_on_a_restricted_namespace() {
         "crds.keep=false",
         "leaderElection.flowSchema=false",
     ]);
-    assert_eq!(
-        priority_level(&cp, &operator, &["get", "leases", "-n", ns]),
-        "workload-low",
-        "the FlowSchema stayed"
-    );
+    // The API server drops a deleted FlowSchema from its configuration shortly after.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let now = classified(&cp, &operator, &leases);
+        if now == ("service-accounts".to_owned(), "workload-low".to_owned()) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the Leases' requests still classified {now:?} 30 s after the FlowSchema went"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
     let deployment = get(&cp, ns, "deployment/wasm-operator").expect("deployment");
     assert_eq!(deployment["spec"]["replicas"], 1);
     let args = deployment["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
