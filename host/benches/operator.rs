@@ -1046,23 +1046,11 @@ async fn replica_identity(
         return cp.kubeconfig().to_owned();
     }
     grant_operator_rights(cp, ns, shards, mode == "sa");
-    let token = cp
-        .service_account_token(client, ns, "wasm-operator")
-        .await
-        .expect("a token for the replicas");
-    let config = json!({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{ "name": "bench", "cluster": {
-            "server": cp.server(),
-            "certificate-authority": cp.ca_path() } }],
-        "users": [{ "name": "wasm-operator", "user": { "token": token } }],
-        "contexts": [{ "name": "bench", "context": { "cluster": "bench", "user": "wasm-operator" } }],
-        "current-context": "bench",
-    });
     let kubeconfig = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("bench-kubeconfig-{ns}.json"));
-    std::fs::write(&kubeconfig, config.to_string()).unwrap();
+    cp.write_service_account_kubeconfig(client, ns, "wasm-operator", &kubeconfig)
+        .await
+        .expect("the replicas' kubeconfig");
     kubeconfig
 }
 
@@ -1092,23 +1080,28 @@ fn grant_operator_rights(cp: &testenv::ControlPlane, ns: &str, shards: u32, flow
     assert!(out.status.success(), "host rbac: {out:?}");
     let mut manifests = String::from_utf8(out.stdout).expect("host rbac prints text");
     if flow_schema {
-        // What the chart's templates/flowschema.yaml renders for this ServiceAccount.
-        let flow = json!({
-            "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
-            "kind": "FlowSchema",
-            "metadata": { "name": "wasm-operator-leader-election" },
-            "spec": {
-                "priorityLevelConfiguration": { "name": "leader-election" },
-                "matchingPrecedence": 1000,
-                "distinguisherMethod": { "type": "ByUser" },
-                "rules": [{
-                    "subjects": [{ "kind": "ServiceAccount",
-                        "serviceAccount": { "name": "wasm-operator", "namespace": ns } }],
-                    "resourceRules": [{ "apiGroups": ["coordination.k8s.io"],
-                        "resources": ["leases"], "namespaces": [ns], "verbs": ["*"] }],
-                }],
-            },
-        });
+        // The chart's own FlowSchema, as it installs it for a release in `ns` (its
+        // ServiceAccount, `wasm-operator`, is the one `host rbac` names).
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let helm = testenv::helm().expect("helm");
+        let out = Command::new(helm)
+            .current_dir(&root)
+            .args([
+                "template",
+                "wasm-operator",
+                "charts/wasm-operator",
+                "--namespace",
+                ns,
+            ])
+            .args(["--show-only", "templates/flowschema.yaml"])
+            .env(
+                "HELM_CACHE_HOME",
+                std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("helm-home"),
+            )
+            .output()
+            .expect("helm template runs");
+        assert!(out.status.success(), "helm template: {out:?}");
+        let flow = String::from_utf8(out.stdout).expect("helm prints text");
         manifests.push_str(&format!("---\n{flow}\n"));
     }
     let file =

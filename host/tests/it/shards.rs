@@ -211,21 +211,11 @@ async fn sharded(prefix: &str) -> Sharded {
         "--metrics-secure=false",
     ]);
     apply_cluster(&cp, &rbac);
-    let token = cp
-        .service_account_token(&admin, SYSTEM, ACCOUNT)
-        .await
-        .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {}\n    certificate-authority: {}\nusers:\n- name: {ACCOUNT}\n  user:\n    token: {token}\ncontexts:\n- name: test\n  context: {{ cluster: test, user: {ACCOUNT} }}\ncurrent-context: test\n",
-            cp.server(),
-            cp.ca_path().display()
-        ),
-    )
-    .unwrap();
+    cp.write_service_account_kubeconfig(&admin, SYSTEM, ACCOUNT, &kubeconfig)
+        .await
+        .unwrap();
     Sharded {
         cp,
         ns,

@@ -763,6 +763,31 @@ impl ControlPlane {
         Ok(token)
     }
 
+    /// Writes to `path` a kubeconfig that acts as the ServiceAccount `namespace/name` (a token
+    /// from TokenRequest, valid for an hour), for a process of its own (`host run`).
+    pub async fn write_service_account_kubeconfig(
+        &self,
+        admin: &kube::Client,
+        namespace: &str,
+        name: &str,
+        path: &Path,
+    ) -> Result<()> {
+        let token = self.service_account_token(admin, namespace, name).await?;
+        let config = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{ "name": "test", "cluster": {
+                "server": self.server(),
+                "certificate-authority": self.ca_path() } }],
+            "users": [{ "name": name, "user": { "token": token } }],
+            "contexts": [{ "name": "test", "context": { "cluster": "test", "user": name } }],
+            "current-context": "test",
+        });
+        std::fs::write(path, config.to_string())
+            .map_err(io(format!("writing {}", path.display())))?;
+        Ok(())
+    }
+
     /// The cluster's CA certificate (PEM), as a pod finds it beside its token.
     pub fn ca_path(&self) -> PathBuf {
         self.dir.path().join("ca.crt")
