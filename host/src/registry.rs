@@ -157,9 +157,10 @@ pub struct Registry {
     ctx: Context,
     plugins: Vec<Plugin>,
     kinds: BTreeMap<(String, String), usize>,
-    /// Each served Kind's spec schema, by group and Kind; `None` when it names a Kubernetes type
-    /// the host does not know (then `host crds` fails, naming it).
-    schemas: BTreeMap<(String, String), Option<Value>>,
+    /// The served Kinds (by group and Kind) whose spec schema a render checks specs against: not
+    /// those whose schema names a Kubernetes type the host does not know (then `host crds`
+    /// fails, naming it). The schema itself is the plugin's, shared, not copied here.
+    checked: BTreeSet<(String, String)>,
 }
 
 impl Registry {
@@ -176,7 +177,7 @@ impl Registry {
             ctx,
             plugins: Vec::new(),
             kinds: BTreeMap::new(),
-            schemas: BTreeMap::new(),
+            checked: BTreeSet::new(),
         };
         if builtins {
             for b in BUILTINS {
@@ -249,7 +250,7 @@ impl Registry {
             ctx,
             plugins: Vec::new(),
             kinds: BTreeMap::new(),
-            schemas: BTreeMap::new(),
+            checked: BTreeSet::new(),
         };
         for plugin in plugins {
             registry.add(plugin, true)?;
@@ -294,9 +295,11 @@ impl Registry {
             }
             // Kept with its `$ref`s, which the check reads through the process's one copy of
             // each Kubernetes type.
-            let known = crate::kube_schema::refs_known(&k.spec_schema);
-            self.schemas
-                .insert(key.clone(), known.then(|| k.spec_schema.clone()));
+            if crate::kube_schema::refs_known(&k.spec_schema) {
+                self.checked.insert(key.clone());
+            } else {
+                self.checked.remove(&key);
+            }
             self.kinds.insert(key, index);
         }
         self.plugins.push(plugin);
@@ -382,8 +385,11 @@ impl Registry {
         unknown: UnknownFields,
     ) -> Result<(Vec<Value>, Vec<Warning>), RenderError> {
         let (plugin, info) = self.lookup(&resource.api_version, &resource.kind)?;
-        if let Some(Some(schema)) = self.schemas.get(&(info.group.clone(), info.kind.clone())) {
-            crate::schema::check(schema, &resource.spec, "spec", unknown)
+        if self
+            .checked
+            .contains(&(info.group.clone(), info.kind.clone()))
+        {
+            crate::schema::check(&info.spec_schema, &resource.spec, "spec", unknown)
                 .map_err(RenderError::InvalidSpec)?;
         }
         let fail = |error| RenderError::Plugin {
@@ -512,6 +518,39 @@ mod tests {
             plugin: "p".to_owned(),
             error,
         }
+    }
+
+    /// Every pipeline (one per shard held) and every Plugin resource's change clones the
+    /// registry: a clone shares each plugin's description, whose schemas weigh megabytes, and
+    /// still checks a spec against its Kind's schema.
+    #[test]
+    fn a_clone_shares_each_plugins_description_and_still_checks_specs() {
+        let runtime = crate::plugin::Runtime::new(Default::default(), None).unwrap();
+        let registry = Registry::load(&runtime, Default::default(), true, &[]).unwrap();
+        let clone = registry.clone();
+        assert!(!registry.plugins().is_empty());
+        for (a, b) in registry.plugins().iter().zip(clone.plugins()) {
+            assert!(std::ptr::eq(a.info(), b.info()), "{} copied", a.name());
+        }
+        assert_eq!(clone.checked, registry.checked);
+        let (_, service) = clone
+            .kinds()
+            .find(|(_, k)| k.kind == "Service")
+            .expect("a Service Kind");
+        let resource = Resource::new(
+            &format!("{}/{}", service.group, service.versions[0]),
+            "Service",
+            "example",
+            "hanzo",
+            serde_json::json!({ "image": 7 }),
+        );
+        assert!(
+            matches!(
+                clone.render_checked(&resource, UnknownFields::Ignore),
+                Err(RenderError::InvalidSpec(_))
+            ),
+            "a spec its schema refuses is refused"
+        );
     }
 
     #[test]

@@ -454,7 +454,13 @@ impl Runtime {
         let info = self
             .description(&inner, ctx)
             .map_err(|e| fail(Step::Describe, e))?;
-        Ok((Plugin { inner, info }, anatomy))
+        Ok((
+            Plugin {
+                inner,
+                info: Arc::new(info),
+            },
+            anatomy,
+        ))
     }
 
     /// What the plugin says about itself under `ctx`: from the cache when this component has
@@ -721,7 +727,9 @@ impl Inner {
 #[derive(Clone)]
 pub struct Plugin {
     inner: Arc<Inner>,
-    info: PluginInfo,
+    /// Shared by every clone: it holds each Kind's schemas, a megabyte or more for a plugin
+    /// whose Kinds embed Kubernetes types.
+    info: Arc<PluginInfo>,
 }
 
 impl fmt::Debug for Plugin {
