@@ -2,18 +2,20 @@
 //! pipeline (watches, controllers, caches) for each.
 //!
 //! One task per replica campaigns for every shard. Each round, every [`RETRY`], it:
-//! 1. renews this replica's member Lease, `<lease>-member-<hash of identity>`: the member Leases
-//!    say how many replicas there are, so that each holds its fair share, ceil(K / replicas),
-//!    counting those still renewing (a member Lease changed within [`WARM_AFTER`]): one that
-//!    stopped, its member Lease not yet expired, neither holds back the take of its shards nor
-//!    makes another give them back;
-//! 2. lists this operator's Leases (one request), and judges each expired by its own clock, as
+//! 1. lists this operator's Leases (one request), and judges each expired by its own clock, as
 //!    the single leader's election does: when its record has not changed for its duration. A
 //!    watch on the same Leases notes each change when it comes, so that a Lease expires its
 //!    duration after its holder's last renewal, not after the first round to list it;
-//! 3. renews the shards it holds, each a compare-and-swap on the resourceVersion listed. Each
+//! 2. renews the shards it holds, each a compare-and-swap on the resourceVersion listed. Each
 //!    shard has its own [`Fence`]: its writes stop when its renewals have failed for
 //!    [`RENEW_DEADLINE`], before its Lease can expire and another replica take it;
+//! 3. renews this replica's member Lease, `<lease>-member-<hash of identity>`: the member Leases
+//!    say how many replicas there are, so that each holds its fair share, ceil(K / replicas),
+//!    counting those still renewing (a member Lease changed within [`WARM_AFTER`]): one that
+//!    stopped, its member Lease not yet expired, neither holds back the take of its shards nor
+//!    makes another give them back. It comes after the shards' renewals, so that a replica
+//!    whose rounds end before them (killed between the two, or too slow for a round's
+//!    deadline) stops counting as renewing no later than its shards' Leases stop being renewed;
 //! 4. gives back one shard when it holds more than its share (a replica joined): that shard's
 //!    reconciliations end first, then its Lease is released for another to take at once;
 //! 5. takes free or expired shards up to its share: a replica that died (killed, cut off) is
@@ -259,9 +261,6 @@ impl Campaign {
 
     /// One round (see the module's documentation), begun at `attempt`.
     async fn round(&mut self, attempt: Instant) {
-        if let Err(e) = self.renew_member().await {
-            tracing::debug!(identity = %self.identity, "could not renew the member Lease: {e}");
-        }
         let params = ListParams::default().labels(&format!("{OF_LABEL}={}", self.base));
         let leases = match self.api.list(&params).await {
             Ok(list) => list.items,
@@ -381,6 +380,12 @@ impl Campaign {
         let members = members.max(1);
         self.renew_held(attempt, now, &shards, barrier.as_deref())
             .await;
+        // After the shards': a replica whose rounds end before their renewals (killed, or too
+        // slow for the round's deadline) stops counting as renewing no later than its shards'
+        // Leases stop being renewed.
+        if let Err(e) = self.renew_member().await {
+            tracing::debug!(identity = %self.identity, "could not renew the member Lease: {e}");
+        }
         let fair = self
             .sharding
             .count
@@ -397,9 +402,8 @@ impl Campaign {
             .held
             .values()
             .any(|h| *h.pipeline.role.borrow() == Role::Yield);
-        // Counting those renewing only (`fair_soon`): a replica that stopped renewing (one
-        // killed after its member Lease's renewal and before its shards') does not make another
-        // give back a shard it took from it while its member Lease runs out.
+        // Counting those renewing only (`fair_soon`): a replica that stopped renewing does not
+        // make another give back a shard it took from it while its member Lease runs out.
         let share = fair.max(fair_soon);
         self.fair = share;
         if self.held.len() > share
