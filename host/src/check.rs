@@ -311,7 +311,7 @@ fn checked(
             return (report, None);
         }
     };
-    let info = plugin.info().clone();
+    let info = plugin.info();
     report.plugin = Some(format!("{} {}", info.name, info.version));
     report.kinds = info
         .kinds
@@ -335,7 +335,7 @@ fn checked(
         },
         cluster_domain: ctx.cluster_domain.clone(),
     };
-    let described = describe(&plugin, &info, ctx, &other);
+    let described = describe(&plugin, info, ctx, &other);
     let other_info = match described {
         Ok((other_info, detail)) => {
             report.add("describe", Outcome::Pass, detail);
@@ -349,7 +349,7 @@ fn checked(
     };
     match schemas(
         &plugin,
-        &[(&ctx.api_group, &info), (&other.api_group, &other_info)],
+        &[(&ctx.api_group, info), (&other.api_group, &other_info)],
     ) {
         Ok(detail) => report.add("schemas", Outcome::Pass, detail),
         Err(why) => report.add("schemas", Outcome::Fail, why),

@@ -30,8 +30,8 @@ pub(crate) struct Controllers {
     /// a plugin loaded at that moment) does not start.
     pub(super) stopping: watch::Receiver<bool>,
     pub(super) running: Mutex<Vec<tokio::task::JoinHandle<()>>>,
-    /// Served Kinds not installed yet: the plugin's name, the Kind, what to discover.
-    pub(super) unserved: Mutex<Vec<(String, crate::types::KindInfo, GroupVersionKind)>>,
+    /// Served Kinds not installed yet: the plugin serving each, and what to discover.
+    pub(super) unserved: Mutex<Vec<(crate::plugin::Plugin, GroupVersionKind)>>,
     /// The controllers of each served Kind, by `apiVersion/Kind`.
     pub(super) kinds: Mutex<BTreeMap<String, KindControllers>>,
     /// Held while missing child kinds are looked for ([`find_missing`]).
@@ -289,8 +289,8 @@ impl Controllers {
             shared.metrics.controller_stopped(&k.controller);
         }
         lock(&shared.owners).remove(key);
-        lock(&self.unserved).retain(|(_, kind, gvk)| {
-            format!("{}/{}/{}", gvk.group, gvk.version, kind.kind).trim_start_matches('/') != key
+        lock(&self.unserved).retain(|(_, gvk)| {
+            format!("{}/{}/{}", gvk.group, gvk.version, gvk.kind).trim_start_matches('/') != key
         });
     }
 
@@ -300,16 +300,14 @@ impl Controllers {
         if unserved.is_empty() {
             return;
         }
-        let found = discover(
-            &shared.client,
-            unserved.iter().map(|(_, _, gvk)| gvk.clone()),
-        )
-        .await;
-        for ((plugin, kind, gvk), found) in unserved.into_iter().zip(found) {
-            if let Ok((ar, _)) = found {
-                lock(&self.unserved).retain(|(_, _, g)| *g != gvk);
+        let found = discover(&shared.client, unserved.iter().map(|(_, gvk)| gvk.clone())).await;
+        for ((plugin, gvk), found) in unserved.into_iter().zip(found) {
+            if let Ok((ar, _)) = found
+                && let Some(kind) = plugin.kind(&gvk.group, &gvk.kind)
+            {
+                lock(&self.unserved).retain(|(_, g)| *g != gvk);
                 tracing::info!(kind = %kind.kind, group = %kind.group, "its CRD is installed now: serving it");
-                self.start(shared, settings, &plugin, &kind, ar);
+                self.start(shared, settings, plugin.name(), kind, ar);
             }
         }
     }

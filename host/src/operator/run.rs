@@ -263,7 +263,7 @@ pub(super) async fn lead(
             Err(e) => {
                 tracing::error!(kind = %kind.kind, group = %kind.group, plugin = %plugin.name(),
                     "not serving {}.{}: its CRD is not installed ({e}); install crds/ (looked for again every {REDISCOVER:?})", kind.plural, kind.group);
-                lock(&controllers.unserved).push((plugin.name().to_owned(), kind.clone(), gvk));
+                lock(&controllers.unserved).push((plugin.clone(), gvk));
             }
         }
     }

@@ -6,16 +6,17 @@
 //!    the single leader's election does: when its record has not changed for its duration. A
 //!    watch on the same Leases notes each change when it comes, so that a Lease expires its
 //!    duration after its holder's last renewal, not after the first round to list it;
-//! 2. renews the shards it holds, each a compare-and-swap on the resourceVersion listed. Each
-//!    shard has its own [`Fence`]: its writes stop when its renewals have failed for
-//!    [`RENEW_DEADLINE`], before its Lease can expire and another replica take it;
+//! 2. renews the shards it holds, all at once, each a compare-and-swap on the resourceVersion
+//!    listed. Each shard has its own [`Fence`]: its writes stop when its renewals have failed
+//!    for [`RENEW_DEADLINE`], before its Lease can expire and another replica take it;
 //! 3. renews this replica's member Lease, `<lease>-member-<hash of identity>`: the member Leases
 //!    say how many replicas there are, so that each holds its fair share, ceil(K / replicas),
 //!    counting those still renewing (a member Lease changed within [`WARM_AFTER`]): one that
 //!    stopped, its member Lease not yet expired, neither holds back the take of its shards nor
-//!    makes another give them back. It comes after the shards' renewals, so that a replica
-//!    whose rounds end before them (killed between the two, or too slow for a round's
-//!    deadline) stops counting as renewing no later than its shards' Leases stop being renewed;
+//!    makes another give them back. It comes after the shards' renewals, and only when each
+//!    succeeded, so that a replica whose rounds end before them (killed between the two, or too
+//!    slow for a round's deadline) or whose renewals fail stops counting as renewing no later
+//!    than its shards' Leases stop being renewed;
 //! 4. gives back one shard when it holds more than its share (a replica joined): that shard's
 //!    reconciliations end first, then its Lease is released for another to take at once;
 //! 5. takes free or expired shards up to its share: a replica that died (killed, cut off) is
@@ -35,7 +36,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
@@ -278,14 +279,15 @@ impl Campaign {
             }
         };
         let now = Instant::now();
-        let mut members = 0usize;
+        // This replica, whatever its member Lease says: the list shows it as the last round
+        // left it, expired after a stall.
+        let mut members = 1usize;
         // The members renewed within [`WARM_AFTER`], this replica among them: the share it will
         // have once the others expire is what it readies for.
         let mut renewing_ids = vec![self.identity.clone()];
         // When the share first widens: another's member Lease stops counting as renewing, or
         // expires, by our clock.
         let mut member_expiry: Option<Instant> = None;
-        let mut member_seen = false;
         let mut barrier = None;
         let mut shards: BTreeMap<u32, Lease> = BTreeMap::new();
         let mut stale_members = Vec::new();
@@ -313,25 +315,21 @@ impl Campaign {
             let live = self.live(&lease, now);
             let labels = lease.labels();
             match labels.get(ROLE_LABEL).map(String::as_str) {
+                // This replica's own is counted already, and never deleted as stale.
+                Some("member") if lease.name_any() == self.member => {}
                 Some("member") => {
-                    if lease.name_any() == self.member {
-                        member_seen = true;
-                    }
                     // Replicas of another shard count (a reshard under way) take no share here.
                     let same = lease.annotations().get(SHARDS_ANNOTATION)
                         == Some(&self.sharding.count.to_string());
                     if live && same {
                         members += 1;
                         let at = self.seen.get(&lease.name_any()).map(|(_, at)| *at);
-                        if lease.name_any() != self.member
-                            && at.is_some_and(|at| now.duration_since(at) < WARM_AFTER)
+                        if at.is_some_and(|at| now.duration_since(at) < WARM_AFTER)
                             && let Some(holder) = holder_of(&lease)
                         {
                             renewing_ids.push(holder.to_owned());
                         }
-                        if lease.name_any() != self.member
-                            && let Some(at) = at
-                        {
+                        if let Some(at) = at {
                             // The share widens when the member stops counting as renewing,
                             // and again when its Lease expires.
                             for when in [at + WARM_AFTER, at + duration_of(&lease)] {
@@ -373,18 +371,18 @@ impl Campaign {
                 _ => {}
             }
         }
-        // This replica counts, whether or not its member Lease was written this round.
-        if !member_seen {
-            members += 1;
-        }
-        let members = members.max(1);
-        self.renew_held(attempt, now, &shards, barrier.as_deref())
+        let renewed = self
+            .renew_held(attempt, now, &shards, barrier.as_deref())
             .await;
-        // After the shards': a replica whose rounds end before their renewals (killed, or too
-        // slow for the round's deadline) stops counting as renewing no later than its shards'
-        // Leases stop being renewed.
-        if let Err(e) = self.renew_member().await {
-            tracing::debug!(identity = %self.identity, "could not renew the member Lease: {e}");
+        // After the shards', and only when each was renewed: a replica whose rounds end before
+        // their renewals (killed, or too slow for the round's deadline) or whose renewals fail
+        // stops counting as renewing no later than its shards' Leases stop being renewed.
+        if renewed {
+            if let Err(e) = self.renew_member().await {
+                tracing::debug!(identity = %self.identity, "could not renew the member Lease: {e}");
+            }
+        } else {
+            tracing::debug!(identity = %self.identity, "not renewing the member Lease: a shard's Lease was not renewed this round");
         }
         let fair = self
             .sharding
@@ -448,8 +446,7 @@ impl Campaign {
                 // Expired Leases are left to it while it has room for them.
                 let defer = !readies && first.is_some_and(|id| held_by(id) < soon);
                 // Expired Leases up to that share: a silent replica's shard is taken when its
-                // Lease expires, not once its member Lease has expired too (a round later,
-                // when it was killed between the two renewals).
+                // Lease expires, not once its member Lease has expired too.
                 if self.held.len() < soon {
                     self.take(attempt, now, &shards, soon, defer).await;
                 }
@@ -479,19 +476,23 @@ impl Campaign {
         }
     }
 
-    /// Renews each shard held, as listed in `shards`; confirms each taken last round when there
-    /// is no `barrier`, else gives it back unserved.
+    /// Renews each shard held, as listed in `shards`, all at once (one slow answer holds up no
+    /// other shard's renewal); confirms each taken last round when there is no `barrier`, else
+    /// gives it back unserved. Whether every shard still held was renewed.
     async fn renew_held(
         &mut self,
         attempt: Instant,
         now: Instant,
         shards: &BTreeMap<u32, Lease>,
         barrier: Option<&str>,
-    ) {
+    ) -> bool {
+        let mut all = true;
+        let mut renewals = Vec::new();
         let indices: Vec<u32> = self.held.keys().copied().collect();
         for index in indices {
             let name = shard_lease(&self.base, index);
-            let renewed = match shards.get(&index) {
+            let api = self.api.clone();
+            match shards.get(&index) {
                 Some(lease) if holder_of(lease) == Some(self.identity.as_str()) => {
                     let mut updated = lease.clone();
                     let acquire = lease.spec.as_ref().and_then(|s| s.acquire_time.clone());
@@ -501,9 +502,13 @@ impl Campaign {
                         .and_then(|s| s.lease_transitions)
                         .unwrap_or(0);
                     updated.spec = Some(self.shard_spec(acquire, transitions));
-                    self.api
-                        .replace(&name, &PostParams::default(), &updated)
-                        .await
+                    renewals.push(
+                        async move {
+                            let params = PostParams::default();
+                            (index, false, api.replace(&name, &params, &updated).await)
+                        }
+                        .boxed(),
+                    );
                 }
                 Some(lease) => {
                     // Someone took it: our renewals failed for longer than its duration.
@@ -512,8 +517,9 @@ impl Campaign {
                         tracing::warn!(identity = %self.identity, shard = index, %holder,
                             "another replica holds the shard's Lease; stopping the shard");
                         self.drop_shard(index, Role::Lost);
+                    } else {
+                        all = false;
                     }
-                    continue;
                 }
                 None => {
                     // Deleted meanwhile: made again, still ours; if another replica made it
@@ -522,16 +528,18 @@ impl Campaign {
                         metadata: self.shard_meta(index, ObjectMeta::default()),
                         spec: Some(self.shard_spec(Some(now_micro()), 0)),
                     };
-                    let made = self.api.create(&PostParams::default(), &lease).await;
-                    if made.is_err() {
-                        tracing::warn!(identity = %self.identity, shard = index,
-                            "the shard's Lease was deleted and could not be made again; stopping the shard");
-                        self.drop_shard(index, Role::Lost);
-                        continue;
-                    }
-                    made
+                    renewals.push(
+                        async move {
+                            let params = PostParams::default();
+                            (index, true, api.create(&params, &lease).await)
+                        }
+                        .boxed(),
+                    );
                 }
-            };
+            }
+        }
+        for (index, made, renewed) in futures::future::join_all(renewals).await {
+            let name = shard_lease(&self.base, index);
             match renewed {
                 Ok(_) => {
                     let confirm = match self.held.get_mut(&index) {
@@ -556,11 +564,18 @@ impl Campaign {
                         }
                     }
                 }
+                Err(_) if made => {
+                    tracing::warn!(identity = %self.identity, shard = index,
+                        "the shard's Lease was deleted and could not be made again; stopping the shard");
+                    self.drop_shard(index, Role::Lost);
+                }
                 Err(e) => {
+                    all = false;
                     tracing::warn!(identity = %self.identity, shard = index, "could not renew the shard's Lease: {e}");
                 }
             }
         }
+        all
     }
 
     /// When the first of `shards` held by another replica expires by our clock (after `now`),

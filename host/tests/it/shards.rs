@@ -392,12 +392,12 @@ fn in_turn(writers: &[&str]) -> Vec<String> {
     out
 }
 
-/// A replica that renewed its member Lease after its shard's last renewal (one killed between
-/// the two writes of a round, the member's first) has its shard taken when the shard's Lease
-/// expires, not when its member Lease does; and the replica that took it keeps it meanwhile (it
-/// gave it back at once when the member Lease still counted). The ghost is stopped (SIGSTOP),
-/// and the test renews its member Lease once, 5 s later: the member's expiry comes 20 s after
-/// the stop, the shard's within 15 s.
+/// A replica whose member Lease was renewed after its shard's last renewal (by anyone: before
+/// the rounds renewed the member Lease last, a replica killed between the two writes of a
+/// round) has its shard taken when the shard's Lease expires, not when its member Lease does;
+/// and the replica that took it keeps it meanwhile (it gave it back at once when the member
+/// Lease still counted). The ghost is stopped (SIGSTOP), and the test renews its member Lease
+/// once, 5 s later: the member's expiry comes 20 s after the stop, the shard's within 15 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_replicas_shard_is_taken_when_its_lease_expires_not_its_member_lease() {
     let cluster = sharded("silent").await;
