@@ -7,16 +7,17 @@
 //!    watch on the same Leases notes each change when it comes, so that a Lease expires its
 //!    duration after its holder's last renewal, not after the first round to list it;
 //! 2. renews the shards it holds, all at once, each a compare-and-swap on the resourceVersion
-//!    listed. Each shard has its own [`Fence`]: its writes stop when its renewals have failed
+//!    listed; one not answered by the round's deadline counts as failed, the others' are
+//!    recorded. Each shard has its own [`Fence`]: its writes stop when its renewals have failed
 //!    for [`RENEW_DEADLINE`], before its Lease can expire and another replica take it;
 //! 3. renews this replica's member Lease, `<lease>-member-<hash of identity>`: the member Leases
 //!    say how many replicas there are, so that each holds its fair share, ceil(K / replicas),
 //!    counting those still renewing (a member Lease changed within [`WARM_AFTER`]): one that
 //!    stopped, its member Lease not yet expired, neither holds back the take of its shards nor
 //!    makes another give them back. It comes after the shards' renewals, and only when each
-//!    succeeded, so that a replica whose rounds end before them (killed between the two, or too
-//!    slow for a round's deadline) or whose renewals fail stops counting as renewing no later
-//!    than its shards' Leases stop being renewed;
+//!    shard it still holds was renewed, so that a replica whose rounds end before them (killed
+//!    between the two, or too slow for a round's deadline) or whose renewals fail stops counting
+//!    as renewing no later than its shards' Leases stop being renewed;
 //! 4. gives back one shard when it holds more than its share (a replica joined): that shard's
 //!    reconciliations end first, then its Lease is released for another to take at once;
 //! 5. takes free or expired shards up to its share: a replica that died (killed, cut off) is
@@ -64,6 +65,10 @@ const SHARDS_ANNOTATION: &str = "wasm-operator.dev/shards";
 /// [`RETRY`]: five missed mean the holder is gone or cut off, and it stops writing at
 /// [`RENEW_DEADLINE`] after its last renewal anyway.
 const WARM_AFTER: Duration = RENEW_DEADLINE;
+
+/// What a round leaves, before its deadline ([`RETRY`]), to record the shards' renewals: one
+/// not answered by then counts as failed, and the others' are recorded.
+const RECORD_MARGIN: Duration = Duration::from_millis(250);
 
 /// The longest `--lease-name` sharding takes: it is a label's value on every Lease.
 pub const MAX_LEASE_NAME: usize = 63;
@@ -488,6 +493,9 @@ impl Campaign {
     ) -> bool {
         let mut all = true;
         let mut renewals = Vec::new();
+        // Each answer by the round's deadline, less the time to record them all: one that hangs
+        // counts as a failed renewal, and the others' are recorded.
+        let by = tokio::time::Instant::from_std(attempt + RETRY.saturating_sub(RECORD_MARGIN));
         let indices: Vec<u32> = self.held.keys().copied().collect();
         for index in indices {
             let name = shard_lease(&self.base, index);
@@ -505,7 +513,8 @@ impl Campaign {
                     renewals.push(
                         async move {
                             let params = PostParams::default();
-                            (index, false, api.replace(&name, &params, &updated).await)
+                            let renewal = api.replace(&name, &params, &updated);
+                            (index, false, tokio::time::timeout_at(by, renewal).await)
                         }
                         .boxed(),
                     );
@@ -531,15 +540,25 @@ impl Campaign {
                     renewals.push(
                         async move {
                             let params = PostParams::default();
-                            (index, true, api.create(&params, &lease).await)
+                            let made = api.create(&params, &lease);
+                            (index, true, tokio::time::timeout_at(by, made).await)
                         }
                         .boxed(),
                     );
                 }
             }
         }
+        let mut released = Vec::new();
         for (index, made, renewed) in futures::future::join_all(renewals).await {
             let name = shard_lease(&self.base, index);
+            let renewed = match renewed {
+                Ok(renewed) => renewed,
+                Err(_) => {
+                    all = false;
+                    tracing::warn!(identity = %self.identity, shard = index, "no answer renewing the shard's Lease within the round");
+                    continue;
+                }
+            };
             match renewed {
                 Ok(_) => {
                     let confirm = match self.held.get_mut(&index) {
@@ -559,7 +578,7 @@ impl Campaign {
                                 tracing::info!(identity = %self.identity, shard = index,
                                     "giving back the shard just taken, unserved: {why}");
                                 self.drop_shard(index, Role::Lost);
-                                release(&self.api, &name, &self.identity).await;
+                                released.push(name);
                             }
                         }
                     }
@@ -574,6 +593,11 @@ impl Campaign {
                     tracing::warn!(identity = %self.identity, shard = index, "could not renew the shard's Lease: {e}");
                 }
             }
+        }
+        // Each on its own task: a slow release holds up neither the round nor another release.
+        for name in released {
+            let (api, identity) = (self.api.clone(), self.identity.clone());
+            tokio::spawn(async move { release(&api, &name, &identity).await });
         }
         all
     }
