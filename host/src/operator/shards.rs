@@ -174,7 +174,7 @@ struct Campaign {
     expiry: Option<Instant>,
     /// This replica's fair share at the last round: a shard's Lease released while it holds
     /// fewer brings a round at once.
-    fair: usize,
+    share: usize,
     won: mpsc::UnboundedSender<Won>,
     metrics: Arc<Metrics>,
     /// Turns true when the operator stops: no shard is taken from then on.
@@ -408,7 +408,7 @@ impl Campaign {
         // Counting those renewing only (`fair_soon`): a replica that stopped renewing does not
         // make another give back a shard it took from it while its member Lease runs out.
         let share = fair.max(fair_soon);
-        self.fair = share;
+        self.share = share;
         if self.held.len() > share
             && !yielding
             && let Some((index, held)) = self.held.iter().rev().find(|(_, h)| h.confirmed)
@@ -433,10 +433,10 @@ impl Campaign {
                 self.warm(&shards, now, 0);
             }
             None => {
-                // The share it will have once the Leases of those not renewing expire: their
-                // shards' pipelines start now, and a round comes when the first Lease (a
+                // `share` is what it will hold once the Leases of those not renewing expire:
+                // their shards' pipelines start now, and a round comes when the first Lease (a
                 // shard's, or a member's that widens the share) expires.
-                let soon = share;
+                //
                 // One replica readies the shards of those gone: of those renewing, the one
                 // holding fewest shards (then the first identity), so that one pipeline, not
                 // one per replica, lists them before the take.
@@ -449,20 +449,20 @@ impl Campaign {
                     .map(|(_, id)| id);
                 let readies = first == Some(self.identity.as_str());
                 // Expired Leases are left to it while it has room for them.
-                let defer = !readies && first.is_some_and(|id| held_by(id) < soon);
+                let defer = !readies && first.is_some_and(|id| held_by(id) < share);
                 // Expired Leases up to that share: a silent replica's shard is taken when its
                 // Lease expires, not once its member Lease has expired too.
-                if self.held.len() < soon {
-                    self.take(attempt, now, &shards, soon, defer).await;
+                if self.held.len() < share {
+                    self.take(attempt, now, &shards, share, defer).await;
                 }
-                if self.held.len() < soon {
+                if self.held.len() < share {
                     self.expiry = [self.next_expiry(&shards, now), member_expiry]
                         .into_iter()
                         .flatten()
                         .filter(|e| *e > now)
                         .min();
                 }
-                self.warm(&shards, now, if readies { soon } else { 0 });
+                self.warm(&shards, now, if readies { share } else { 0 });
             }
         }
         for lease in stale_members {
@@ -510,14 +510,11 @@ impl Campaign {
                         .and_then(|s| s.lease_transitions)
                         .unwrap_or(0);
                     updated.spec = Some(self.shard_spec(acquire, transitions));
-                    renewals.push(
-                        async move {
-                            let params = PostParams::default();
-                            let renewal = api.replace(&name, &params, &updated);
-                            (index, false, tokio::time::timeout_at(by, renewal).await)
-                        }
-                        .boxed(),
-                    );
+                    let renewal = async move {
+                        let params = PostParams::default();
+                        api.replace(&name, &params, &updated).await
+                    };
+                    renewals.push((index, false, renewal.boxed()));
                 }
                 Some(lease) => {
                     // Someone took it: our renewals failed for longer than its duration.
@@ -537,19 +534,21 @@ impl Campaign {
                         metadata: self.shard_meta(index, ObjectMeta::default()),
                         spec: Some(self.shard_spec(Some(now_micro()), 0)),
                     };
-                    renewals.push(
-                        async move {
-                            let params = PostParams::default();
-                            let made = api.create(&params, &lease);
-                            (index, true, tokio::time::timeout_at(by, made).await)
-                        }
-                        .boxed(),
-                    );
+                    let made = async move {
+                        let params = PostParams::default();
+                        api.create(&params, &lease).await
+                    };
+                    renewals.push((index, true, made.boxed()));
                 }
             }
         }
         let mut released = Vec::new();
-        for (index, made, renewed) in futures::future::join_all(renewals).await {
+        let answers = renewals
+            .into_iter()
+            .map(|(index, made, renewal)| async move {
+                (index, made, tokio::time::timeout_at(by, renewal).await)
+            });
+        for (index, made, renewed) in futures::future::join_all(answers).await {
             let name = shard_lease(&self.base, index);
             let renewed = match renewed {
                 Ok(renewed) => renewed,
@@ -845,7 +844,7 @@ impl Campaign {
             && index.is_some_and(|i| !self.held.contains_key(&i))
             && lease.labels().get(ROLE_LABEL).map(String::as_str) == Some("shard")
             && self.rounds >= 2
-            && self.held.len() < self.fair
+            && self.held.len() < self.share
             && !*self.stop.borrow()
     }
 
@@ -1036,7 +1035,7 @@ pub(super) async fn serve(
         rounds: 0,
         took: false,
         expiry: None,
-        fair: 0,
+        share: 0,
         won: won_tx,
         metrics: metrics.clone(),
         stop: stop.clone(),
